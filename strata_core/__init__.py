@@ -1,0 +1,3 @@
+"""Strata: OpenAI-compatible serving on llama.cpp, on any accelerator."""
+
+__version__ = "0.1.0"

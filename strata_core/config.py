@@ -1,0 +1,163 @@
+"""Operator configuration: a TOML file validated by pydantic.
+
+Precedence, highest first: command-line options, ``STRATA_<SECTION>_<KEY>`` environment
+variables, the file, defaults. An unknown key or a bad value refuses to start, with a
+message naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message names the key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ServerConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    api_key: str | None = None
+
+
+class EngineConfig(_Section):
+    backend: str = "auto"
+    model: str = "default"
+    n_ctx: int = Field(4096, ge=64, le=1 << 20)
+    parallel: int = Field(4, ge=1, le=256)
+    n_batch: int = Field(512, ge=16, le=65536)
+    threads: int | None = Field(None, ge=1, le=1024)
+    n_gpu_layers: int | None = Field(None, ge=-1)
+    flash_attn: bool | None = None
+    devices: str | None = None
+    #: Use this llama-cpp-python instead of building one: a directory holding the
+    #: ``llama_cpp`` package, or a wheel file.
+    llama_cpp: str | None = None
+
+
+class SamplingConfig(_Section):
+    """Defaults for fields a request leaves out; the request always wins."""
+
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
+    penalty_last_n: int | None = Field(None, ge=0)
+    max_tokens: int | None = Field(None, ge=1)
+
+
+class SpeculativeConfig(_Section):
+    mode: Literal["off", "ngram", "draft"] = "off"
+    draft_model: str | None = None
+    k: int = Field(4, ge=1, le=32)
+    threshold: float = Field(0.0, ge=0.0, le=1.0)
+
+
+class Config(_Section):
+    server: ServerConfig = ServerConfig()
+    engine: EngineConfig = EngineConfig()
+    sampling: SamplingConfig = SamplingConfig()
+    speculative: SpeculativeConfig = SpeculativeConfig()
+
+
+SECTIONS = ("server", "engine", "sampling", "speculative")
+#: Short environment names from the design, e.g. STRATA_BACKEND=cuda.
+ENV_SHORTHANDS = {"STRATA_BACKEND": ("engine", "backend"), "STRATA_MODEL": ("engine", "model")}
+
+
+def _describe(err: ValidationError, origin: str) -> str:
+    lines = []
+    for e in err.errors():
+        loc = [str(p) for p in e["loc"]]
+        if e["type"] == "extra_forbidden":
+            section = loc[0] if len(loc) > 1 else None
+            known = (
+                Config.model_fields[section].annotation.model_fields  # type: ignore[union-attr]
+                if section in Config.model_fields
+                else Config.model_fields
+            )
+            where = f"[{section}] " if section else ""
+            lines.append(
+                f"{origin}: {where}unknown key {loc[-1]!r} (known: {', '.join(known)})"
+            )
+        else:
+            key = ".".join(loc)
+            lines.append(f"{origin}: {key} = {e.get('input')!r}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def _env_layer(env: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    layer: dict[str, dict[str, str]] = {}
+    for var, value in env.items():
+        if var in ENV_SHORTHANDS:
+            section, key = ENV_SHORTHANDS[var]
+            layer.setdefault(section, {})[key] = value
+            continue
+        for section in SECTIONS:
+            prefix = f"STRATA_{section.upper()}_"
+            if var.startswith(prefix):
+                layer.setdefault(section, {})[var[len(prefix) :].lower()] = value
+    return layer
+
+
+def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _validate(data: Mapping[str, Any], origin: str) -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_describe(err, origin)) from None
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Config:
+    """File, then environment, then command-line overrides (``{"engine": {"backend": ..}}``)."""
+    env = os.environ if env is None else env
+    path = path if path is not None else env.get("STRATA_CONFIG")
+    data: dict[str, Any] = {}
+    if path:
+        p = Path(path)
+        try:
+            data = tomllib.loads(p.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+        _validate(data, str(p))
+    env_layer = _env_layer(env)
+    if env_layer:
+        _validate(env_layer, "environment (STRATA_*)")
+        data = _merge(data, env_layer)
+    if overrides:
+        clean = {s: {k: v for k, v in kv.items() if v is not None} for s, kv in overrides.items()}
+        data = _merge(data, clean)
+    return _validate(data, str(path) if path else "configuration")
