@@ -1,0 +1,126 @@
+"""Chat templates, rendered the way Hugging Face transformers' ``apply_chat_template`` does.
+
+Same sandbox (``ImmutableSandboxedEnvironment`` with ``trim_blocks``, ``lstrip_blocks`` and
+loop controls), same helpers (``raise_exception``, ``strftime_now``, a ``tojson`` that keeps
+non-ASCII text, a pass-through ``{% generation %}`` tag) and the same render variables, so a
+model's template produces here the prompt it was trained on. Every failure, from a syntax
+error to a sandbox violation, surfaces as :class:`TemplateError`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# Used when a GGUF carries no ``tokenizer.chat_template``: ChatML, the template transformers
+# used as its class-level default, and the format most small instruct models are tuned on.
+FALLBACK_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class TemplateError(ValueError):
+    """A chat template is missing, does not parse, or failed while rendering."""
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """``{% generation %}...{% endgeneration %}`` marks assistant spans for training masks;
+    transformers accepts it, so templates carry it; rendering just emits the body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body).set_lineno(lineno)
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | str | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # jinja2's own tojson escapes HTML characters and non-ASCII; chat templates want plain JSON.
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def compile_template(source: str) -> jinja2.Template:
+    """Compile a chat template once; a syntax error raises :class:`TemplateError`."""
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise TemplateError(f"chat template syntax error at line {e.lineno}: {e.message}") from e
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    source: str
+    bos_token: str = ""
+    eos_token: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.source:
+            raise TemplateError(
+                "no chat template: the model carries no tokenizer.chat_template "
+                "(pass a template, or use strata_core.chat.FALLBACK_TEMPLATE for ChatML)"
+            )
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> str:
+        """Render ``messages`` to prompt text; extra kwargs (``enable_thinking`` ...) reach the
+        template as variables and, as in transformers, override ``bos_token``/``eos_token``."""
+        template = compile_template(self.source)
+        # transformers always defines tools and documents (None when absent), and templates
+        # test `tools is not none`, which an undefined variable would pass.
+        variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, **kwargs}
+        variables.setdefault("documents", None)
+        try:
+            return template.render(
+                messages=list(messages),
+                add_generation_prompt=add_generation_prompt,
+                tools=None if tools is None else list(tools),
+                **variables,
+            )
+        except TemplateError:
+            raise
+        except jinja2.TemplateError as e:
+            raise TemplateError(f"chat template failed: {e.message}") from e
+        except Exception as e:  # a Python error inside an expression, e.g. None + 'text'
+            raise TemplateError(f"chat template failed: {type(e).__name__}: {e}") from e

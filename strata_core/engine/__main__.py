@@ -1,0 +1,196 @@
+"""The engine process: ``python -m strata_core.engine --model PATH ...``.
+
+Commands arrive on stdin, events leave on stdout, one line each (see protocol.py);
+logs go to stderr. A reader thread parses stdin into a queue; the main thread runs
+scheduler steps and drains the queue between them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import sys
+import threading
+from typing import Any
+
+from strata_core import protocol as proto
+
+KNOWN_KEYS = frozenset(
+    {
+        "max_tokens", "temperature", "top_p", "top_k", "min_p", "penalty_repeat", "penalty_freq",
+        "penalty_present", "penalty_last_n", "seed", "logprobs", "allowed", "bias", "stop_ids",
+        "grammar", "spec", "cache",
+    }
+)  # fmt: skip
+SAMPLING_KEYS = KNOWN_KEYS - {"max_tokens", "logprobs", "stop_ids", "grammar", "spec", "cache"}
+UNSUPPORTED_KEYS = ("grammar", "spec")  # known to the protocol, not built into this engine yet
+
+
+class Output:
+    """Collects event lines and writes them in one flush per step."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.lock = threading.Lock()
+
+    def emit(self, ev: proto.Event) -> None:
+        self.lines.append(proto.encode_event(ev) + "\n")
+
+    def flush(self) -> None:
+        if self.lines:
+            sys.stdout.write("".join(self.lines))
+            sys.stdout.flush()
+            self.lines.clear()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m strata_core.engine")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--n-ctx", type=int, default=4096, help="context per slot")
+    ap.add_argument("--parallel", type=int, default=4)
+    ap.add_argument("--n-batch", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--n-gpu-layers", type=int, default=0)
+    ap.add_argument("--flash-attn", choices=["on", "off", "auto"], default="auto")
+    ap.add_argument("--backend", default="cpu")
+    return ap.parse_args(argv)
+
+
+def stdin_reader(q: queue.Queue[Any]) -> None:
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            q.put(proto.parse_command(line))
+        except proto.ProtocolError as exc:
+            q.put(exc)
+    q.put(proto.Quit())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # Imported here so --help works without a native build on the path.
+    from strata_core.engine.llama import Llama, ModelOptions
+    from strata_core.engine.sampler import SamplingParams
+    from strata_core.engine.scheduler import Request, Scheduler
+
+    out = Output()
+    try:
+        llama = Llama(
+            ModelOptions(
+                path=args.model,
+                n_ctx=args.n_ctx,
+                n_seq=args.parallel,
+                n_batch=args.n_batch,
+                threads=args.threads,
+                n_gpu_layers=args.n_gpu_layers,
+                flash_attn={"on": True, "off": False}.get(args.flash_attn),
+            )
+        )
+    except Exception as exc:
+        out.emit(proto.Error(None, f"engine failed to start: {exc}"))
+        out.flush()
+        return 1
+    import llama_cpp
+
+    facts = llama.facts()
+    eog = frozenset(facts["eog"])
+    out.emit(
+        proto.Ready(
+            {
+                "protocol": proto.PROTOCOL_VERSION,
+                "engine": "strata",
+                "llama_cpp_python": llama_cpp.__version__,
+                "backend": args.backend,
+                "pid": os.getpid(),
+                "slots": args.parallel,
+                "n_batch": llama.n_batch,
+                "capabilities": ["logprobs", "allowed", "bias", "penalties", "seed", "prefix_cache"],
+                **facts,
+            }
+        )
+    )
+    out.flush()
+    sched = Scheduler(llama, out.emit)
+    warned: set[str] = set()
+
+    def start(cmd: proto.Gen) -> None:
+        def fail(msg: str) -> None:
+            out.emit(proto.Error(cmd.rid, msg))
+            out.emit(proto.Done(cmd.rid, "error", {}))
+
+        for key in cmd.keys:
+            if key not in KNOWN_KEYS and key not in warned:
+                warned.add(key)
+                out.emit(proto.Warn(cmd.rid, f"unknown key {key}"))
+            if key in UNSUPPORTED_KEYS:
+                return fail(f"{key} is not supported by this engine")
+        prompt = list(cmd.prompt)
+        if not prompt:
+            return fail("empty prompt")
+        if len(prompt) >= llama.n_ctx:
+            return fail(f"prompt has {len(prompt)} tokens; the context holds {llama.n_ctx}")
+        bad = [t for t in prompt if t >= llama.n_vocab]
+        if bad:
+            return fail(f"prompt token {bad[0]} is outside the vocabulary (n_vocab {llama.n_vocab})")
+        try:
+            params = SamplingParams.from_keys(
+                {k: v for k, v in cmd.keys.items() if k in SAMPLING_KEYS}, llama.n_vocab
+            )
+            max_tokens = int(cmd.keys.get("max_tokens", llama.n_ctx))
+            logprobs = int(cmd.keys["logprobs"]) if "logprobs" in cmd.keys else None
+            stops = cmd.keys.get("stop_ids", "")
+            stop_ids = frozenset(int(t) for t in stops.split(",") if t) | eog
+            if max_tokens < 1 or (logprobs is not None and not 0 <= logprobs <= 20):
+                raise ValueError("max_tokens must be >= 1 and logprobs 0..20")
+        except ValueError as exc:
+            return fail(str(exc))
+        sched.submit(Request(cmd.rid, prompt, params, max_tokens, stop_ids, logprobs))
+
+    def handle(cmd: Any) -> bool:
+        """Apply one command; False once QUIT was seen."""
+        if isinstance(cmd, proto.ProtocolError):
+            out.emit(proto.Error(None, str(cmd)))
+        elif isinstance(cmd, proto.Gen):
+            start(cmd)
+        elif isinstance(cmd, proto.Cancel):
+            sched.cancel(cmd.rid)
+        elif isinstance(cmd, proto.Tokenize):
+            ids = llama.tokenize(cmd.text.encode("utf-8"), False, cmd.special)
+            out.emit(proto.Tokens(cmd.rid, tuple(ids)))
+        elif isinstance(cmd, proto.VocabRequest):
+            pieces = tuple(llama.piece(t) for t in range(llama.n_vocab))
+            out.emit(proto.Vocab(cmd.rid, pieces))
+        elif isinstance(cmd, proto.Quit):
+            return False
+        return True
+
+    q: queue.Queue[Any] = queue.Queue()
+    threading.Thread(target=stdin_reader, args=(q,), daemon=True).start()
+    running = True
+    while running or sched.busy:
+        try:
+            # Block only when there is nothing to decode.
+            cmd = q.get(block=not sched.busy)
+            running = handle(cmd) and running
+            while True:
+                running = handle(q.get_nowait()) and running
+        except queue.Empty:
+            pass
+        try:
+            sched.step()
+        except Exception as exc:  # a failed decode ends the requests in it, not the engine
+            for slot in sched.slots:
+                if slot.req is not None:
+                    out.emit(proto.Error(slot.req.rid, f"decode failed: {exc}"))
+                    sched._finish(slot, "error")
+                slot.cached = []
+                llama.seq_trim(slot.seq, 0)
+        out.flush()
+    out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""A thin typed wrapper over libllama, through llama-cpp-python's ctypes bindings.
+
+Only this module touches ``llama_cpp``; it is imported inside the engine process, whose
+import path holds the backend's build.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+import llama_cpp.llama_cpp as ll
+
+
+class LlamaError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    path: str
+    n_ctx: int  # per sequence
+    n_seq: int
+    n_batch: int
+    threads: int | None = None
+    n_gpu_layers: int = 0
+    flash_attn: bool | None = None
+
+
+class Batch:
+    """A llama_batch whose arrays are numpy views we own, so filling it is vectorised."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.token = np.zeros(capacity, dtype=np.int32)
+        self.pos = np.zeros(capacity, dtype=np.int32)
+        self.n_seq_id = np.ones(capacity, dtype=np.int32)
+        self.seq = np.zeros(capacity, dtype=np.int32)
+        self.logits = np.zeros(capacity, dtype=np.int8)
+        seq_base = self.seq.ctypes.data
+        self._seq_ptrs = (ctypes.POINTER(ctypes.c_int32) * capacity)(
+            *[ctypes.cast(seq_base + 4 * i, ctypes.POINTER(ctypes.c_int32)) for i in range(capacity)]
+        )
+        self.raw = ll.llama_batch()
+        self.raw.token = self.token.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        self.raw.embd = None
+        self.raw.pos = self.pos.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        self.raw.n_seq_id = self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        self.raw.seq_id = ctypes.cast(self._seq_ptrs, ctypes.POINTER(ctypes.POINTER(ctypes.c_int32)))
+        self.raw.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        self.n = 0
+
+    def clear(self) -> None:
+        self.n = 0
+
+    def add(self, tokens: npt.ArrayLike, pos0: int, seq: int, want_last_logits: bool) -> int:
+        """Append tokens at positions pos0.. of ``seq``; returns the index of the last one."""
+        toks = np.asarray(tokens, dtype=np.int32)
+        k, i = len(toks), self.n
+        if i + k > self.capacity:
+            raise LlamaError(f"batch overflow: {i}+{k} > {self.capacity}")
+        self.token[i : i + k] = toks
+        self.pos[i : i + k] = np.arange(pos0, pos0 + k, dtype=np.int32)
+        self.seq[i : i + k] = seq
+        self.logits[i : i + k] = 0
+        if want_last_logits:
+            self.logits[i + k - 1] = 1
+        self.n = i + k
+        return i + k - 1
+
+    def add_one(self, token: int, pos: int, seq: int) -> int:
+        i = self.n
+        self.token[i] = token
+        self.pos[i] = pos
+        self.seq[i] = seq
+        self.logits[i] = 1
+        self.n = i + 1
+        return i
+
+
+class Llama:
+    """One model and one context holding ``n_seq`` sequences of ``n_ctx`` tokens each."""
+
+    def __init__(self, opts: ModelOptions) -> None:
+        ll.llama_backend_init()
+        mparams = ll.llama_model_default_params()
+        mparams.n_gpu_layers = opts.n_gpu_layers if opts.n_gpu_layers >= 0 else 0x7FFFFFFF
+        model = ll.llama_model_load_from_file(opts.path.encode(), mparams)
+        if not model:
+            raise LlamaError(f"llama.cpp could not load the model {opts.path}")
+        self.model = model
+        self.vocab = ll.llama_model_get_vocab(model)
+        self.n_vocab = int(ll.llama_vocab_n_tokens(self.vocab))
+        cparams = ll.llama_context_default_params()
+        cparams.n_ctx = opts.n_ctx * opts.n_seq
+        cparams.n_batch = opts.n_batch
+        cparams.n_ubatch = min(opts.n_batch, 512)
+        cparams.n_seq_max = opts.n_seq
+        cparams.kv_unified = False
+        cparams.no_perf = True
+        if opts.threads:
+            cparams.n_threads = cparams.n_threads_batch = opts.threads
+        if opts.flash_attn is not None:
+            cparams.flash_attn_type = (
+                ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            )
+        ctx = ll.llama_init_from_model(model, cparams)
+        if not ctx:
+            raise LlamaError("llama.cpp could not create a context (out of memory?)")
+        self.ctx = ctx
+        self.mem = ll.llama_get_memory(ctx)
+        self.n_ctx = int(ll.llama_n_ctx_seq(ctx))
+        self.n_batch = int(ll.llama_n_batch(ctx))
+        self.n_seq = opts.n_seq
+        self._piece_buf = ctypes.create_string_buffer(256)
+
+    # ---- decoding -----------------------------------------------------------------
+
+    def decode(self, batch: Batch) -> None:
+        batch.raw.n_tokens = batch.n
+        rc = ll.llama_decode(self.ctx, batch.raw)
+        if rc != 0:
+            raise LlamaError(f"llama_decode failed with {rc}")
+
+    def logits(self, i: int) -> npt.NDArray[np.float32]:
+        """The logits row of batch index ``i`` (valid until the next decode)."""
+        ptr = ll.llama_get_logits_ith(self.ctx, i)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def seq_trim(self, seq: int, keep: int) -> None:
+        """Drop the cached positions >= ``keep`` of ``seq``."""
+        if not ll.llama_memory_seq_rm(self.mem, seq, keep, -1):
+            ll.llama_memory_seq_rm(self.mem, seq, -1, -1)
+            raise LlamaError(f"could not trim sequence {seq} to {keep}")
+
+    # ---- vocabulary -----------------------------------------------------------------
+
+    def tokenize(self, text: bytes, add_special: bool, parse_special: bool) -> list[int]:
+        cap = len(text) + 16
+        buf = (ll.llama_token * cap)()
+        n = ll.llama_tokenize(self.vocab, text, len(text), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (ll.llama_token * cap)()
+            n = ll.llama_tokenize(self.vocab, text, len(text), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int, special: bool = True) -> bytes:
+        n = ll.llama_token_to_piece(self.vocab, token, self._piece_buf, 256, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = ll.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
+            return buf.raw[:n]
+        return self._piece_buf.raw[:n]
+
+    def is_eog(self, token: int) -> bool:
+        return bool(ll.llama_vocab_is_eog(self.vocab, token))
+
+    def facts(self) -> dict[str, Any]:
+        """What READY reports about the model."""
+        v = self.vocab
+
+        def tok(fn: Any) -> int | None:
+            t = int(fn(v))
+            return t if t >= 0 else None
+
+        tmpl = ll.llama_model_chat_template(self.model, None)
+        eog = [t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(v, t)]
+        bos, eos = tok(ll.llama_vocab_bos), tok(ll.llama_vocab_eos)
+        return {
+            "n_vocab": self.n_vocab,
+            "n_ctx": self.n_ctx,
+            "n_ctx_train": int(ll.llama_model_n_ctx_train(self.model)),
+            "n_params": int(ll.llama_model_n_params(self.model)),
+            "bos": bos,
+            "eos": eos,
+            "eot": tok(ll.llama_vocab_eot),
+            "eog": eog,
+            "bos_text": self.piece(bos).decode("utf-8", "replace") if bos is not None else "",
+            "eos_text": self.piece(eos).decode("utf-8", "replace") if eos is not None else "",
+            "add_bos": bool(ll.llama_vocab_get_add_bos(v)),
+            "chat_template": tmpl.decode("utf-8", "replace") if tmpl else None,
+            "system_info": ll.llama_print_system_info().decode("utf-8", "replace").strip(),
+        }

@@ -1,0 +1,256 @@
+"""The sampling chain, on one float32 host logits row (numpy).
+
+Order (DESIGN.md): logit bias -> allowed / grammar mask -> penalties -> top_k -> min_p ->
+top_p -> temperature -> draw. Arithmetic contract, mirrored by tests/reference_sampler.py:
+bias, mask and penalties adjust the float32 row in float32 (as llama.cpp does); everything
+after is float64. Candidates are ordered by descending logit, ties to the lower id. A
+normaliser is summed sequentially in ascending id order (so it needs no sort of the
+vocabulary); running masses are summed sequentially in candidate order. The draw takes
+u = philox.uniform(seed, position, stream) and returns the first candidate whose running
+mass exceeds u * normaliser (the last candidate if rounding leaves none).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from strata_core.engine import philox
+
+F32 = np.float32
+_FIRST_BLOCK = 256  # candidates sorted before a lazy walk widens its prefix
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    penalty_repeat: float = 1.0
+    penalty_freq: float = 0.0
+    penalty_present: float = 0.0
+    penalty_last_n: int = 0
+    seed: int = 0
+    bias: Mapping[int, float] = field(default_factory=dict)
+    allowed: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        _check("temperature", self.temperature, 0.0 <= self.temperature < math.inf, ">= 0")
+        _check("top_k", self.top_k, self.top_k >= 0, ">= 0 (0 = no cut)")
+        _check("top_p", self.top_p, 0.0 <= self.top_p <= 1.0, "in [0, 1]")
+        _check("min_p", self.min_p, 0.0 <= self.min_p <= 1.0, "in [0, 1]")
+        _check("penalty_repeat", self.penalty_repeat, 0.0 < self.penalty_repeat < math.inf, "> 0")
+        for name in ("penalty_freq", "penalty_present"):
+            _check(name, getattr(self, name), math.isfinite(getattr(self, name)), "finite")
+        _check("penalty_last_n", self.penalty_last_n, self.penalty_last_n >= 0, ">= 0 (0 = off)")
+        _check("seed", self.seed, 0 <= self.seed < 1 << 64, "in [0, 2**64)")
+        for i, v in self.bias.items():
+            _check("bias", f"{i}:{v}", i >= 0 and v < math.inf, "id >= 0, value finite or -inf")
+        if self.allowed is not None:
+            _check("allowed", "", len(self.allowed) > 0, "at least one token id")
+
+    @classmethod
+    def from_keys(cls, keys: Mapping[str, str], n_vocab: int) -> SamplingParams:
+        """Parse the sampling GEN keys; other keys are left to the caller."""
+        kw: dict[str, object] = {}
+        for name, kind in _NUMERIC_KEYS.items():
+            if name in keys:
+                kw[name] = _parse(name, keys[name], kind)
+        if "bias" in keys:
+            pairs = [p.split(":") for p in keys["bias"].split(",") if p]
+            if any(len(p) != 2 for p in pairs):
+                raise ValueError(f"bias={keys['bias']!r} is malformed: expected id:value,...")
+            kw["bias"] = {_token("bias", i, n_vocab): _parse("bias", v, float) for i, v in pairs}
+        if "allowed" in keys:
+            ids = keys["allowed"].split(",")
+            kw["allowed"] = tuple(_token("allowed", i, n_vocab) for i in ids if i)
+        return cls(**kw)  # type: ignore[arg-type]
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def penalised(self) -> bool:
+        neutral = (self.penalty_repeat, self.penalty_freq, self.penalty_present) == (1.0, 0.0, 0.0)
+        return self.penalty_last_n > 0 and not neutral
+
+    @property
+    def plain(self) -> bool:
+        """Greedy over the raw row: the default request, which pays for one argmax."""
+        return self.greedy and not self.bias and self.allowed is None and not self.penalised
+
+
+_NUMERIC_KEYS: dict[str, type[int] | type[float]] = {
+    "temperature": float, "top_k": int, "top_p": float, "min_p": float,
+    "penalty_repeat": float, "penalty_freq": float, "penalty_present": float,
+    "penalty_last_n": int, "seed": int,
+}  # fmt: skip
+
+
+def _check(name: str, value: object, ok: bool, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}={value} is out of range: expected {expected}")
+
+
+def _parse(name: str, text: str, kind: type[int] | type[float]) -> int | float:
+    try:
+        return kind(text)
+    except ValueError:
+        expected = "an integer" if kind is int else "a number"
+        raise ValueError(f"{name}={text!r} is not valid: expected {expected}") from None
+
+
+def _token(name: str, text: str, n_vocab: int) -> int:
+    tok = int(_parse(name, text, int))
+    _check(name, tok, 0 <= tok < n_vocab, f"a token id in [0, {n_vocab})")
+    return tok
+
+
+class Candidates(NamedTuple):
+    ids: npt.NDArray[np.int64]
+    logits: npt.NDArray[np.float64]
+    ordered: bool  # True: in candidate order; False: ascending id
+
+
+def apply_logit_bias(x: np.ndarray, bias: Mapping[int, float]) -> np.ndarray:
+    if not bias:
+        return x
+    ids = np.fromiter(bias.keys(), np.int64, len(bias))
+    x = x.copy()
+    x[ids] += np.fromiter(bias.values(), F32, len(bias))
+    return x
+
+
+def apply_mask(x: np.ndarray, allowed: Sequence[int] | None, mask: np.ndarray | None) -> np.ndarray:
+    """-inf outside allowed and outside mask (True = permitted)."""
+    if allowed is not None:
+        y = np.full_like(x, -np.inf)
+        ids = np.asarray(allowed, np.int64)
+        y[ids] = x[ids]
+        x = y
+    return x if mask is None else np.where(mask, x, F32(-np.inf))
+
+
+def apply_penalties(
+    x: np.ndarray, history: Sequence[int] | np.ndarray, p: SamplingParams
+) -> np.ndarray:
+    """llama.cpp's rule over the last penalty_last_n ids of history (prompt tail + generated)."""
+    window = np.asarray(history[-p.penalty_last_n :] if p.penalised else (), np.int64)
+    if window.size == 0:
+        return x
+    if window.min() < 0 or window.max() >= x.size:
+        raise ValueError(f"history holds a token id outside [0, {x.size})")
+    ids, counts = np.unique(window, return_counts=True)
+    rep, v = F32(p.penalty_repeat), x[ids]
+    v = np.where(v <= 0, v * rep, v / rep)
+    v -= counts.astype(F32) * F32(p.penalty_freq) + F32(p.penalty_present)
+    x = x.copy()
+    x[ids] = v
+    return x
+
+
+def _top_order(v: np.ndarray, m: int) -> npt.NDArray[np.int64]:
+    """Positions of the m best entries of v, in candidate order (lower position wins ties)."""
+    n = v.size
+    if m < n:
+        t = np.partition(v, n - m)[n - m]
+        pos = np.flatnonzero(v >= t)
+        if pos.size > m:  # ties at the cut: keep the lowest positions
+            tied = v[pos] == t
+            pos = pos[~tied | (np.cumsum(tied) <= m - np.count_nonzero(~tied))]
+    else:
+        pos = np.arange(n)
+    return pos[np.argsort(-v[pos], kind="stable")]
+
+
+def _walk(
+    c: Candidates, weights: np.ndarray, target: float, side: Literal["left", "right"]
+) -> tuple[np.ndarray, int]:
+    """Candidate-order positions and the index where the running mass first passes target."""
+    n = c.ids.size
+    m = n if c.ordered else min(n, _FIRST_BLOCK)
+    while True:
+        pos = np.arange(n) if c.ordered else _top_order(c.logits, m)
+        i = int(np.searchsorted(np.cumsum(weights[pos]), target, side=side))
+        if i < m or m == n:
+            return pos, min(i, n - 1)
+        m = min(n, m * 8)
+
+
+def _mass(c: Candidates, weights: np.ndarray) -> float:
+    w = weights[np.argsort(c.ids)] if c.ordered else weights
+    return float(np.cumsum(w)[-1])
+
+
+def candidates(x: np.ndarray, top_k: int) -> Candidates:
+    """The permitted entries of x, cut to the top_k best when top_k is set."""
+    if 0 < top_k < x.size:
+        ids = _top_order(x, top_k)
+        ids = ids[x[ids] > -np.inf]
+        return Candidates(ids, x[ids].astype(np.float64), True)
+    ids = np.flatnonzero(x > -np.inf)
+    return Candidates(ids, x[ids].astype(np.float64), False)
+
+
+def apply_min_p(c: Candidates, min_p: float) -> Candidates:
+    if min_p <= 0.0:
+        return c
+    keep = c.logits >= c.logits.max() + math.log(min_p)
+    return Candidates(c.ids[keep], c.logits[keep], c.ordered)
+
+
+def apply_top_p(c: Candidates, top_p: float) -> Candidates:
+    if top_p >= 1.0:
+        return c
+    w = np.exp(c.logits - c.logits.max())
+    pos, i = _walk(c, w, top_p * _mass(c, w), "left")
+    return Candidates(c.ids[pos[: i + 1]], c.logits[pos[: i + 1]], True)
+
+
+def draw(c: Candidates, temperature: float, u: float) -> int:
+    w = np.exp((c.logits - c.logits.max()) / temperature)
+    pos, i = _walk(c, w, u * _mass(c, w), "right")
+    return int(c.ids[pos[i]])
+
+
+def sample(
+    logits: np.ndarray,
+    params: SamplingParams,
+    history: Sequence[int] | np.ndarray,
+    position: int,
+    stream: int = 0,
+    mask: np.ndarray | None = None,
+) -> int:
+    """One token id from a float32 logits row; position keys the Philox draw."""
+    if params.plain and mask is None:
+        return int(np.argmax(logits))
+    x = apply_logit_bias(np.asarray(logits, F32), params.bias)
+    x = apply_penalties(apply_mask(x, params.allowed, mask), history, params)
+    best = int(np.argmax(x))
+    if not x[best] > -np.inf:
+        raise ValueError("no token is permitted: allowed / grammar mask / bias excluded all")
+    if params.greedy:
+        return best
+    c = apply_top_p(apply_min_p(candidates(x, params.top_k), params.min_p), params.top_p)
+    return draw(c, params.temperature, philox.uniform(params.seed, position, stream))
+
+
+def top_logprobs(
+    logits: np.ndarray, k: int, allowed: Sequence[int] | np.ndarray | None = None
+) -> tuple[np.ndarray, list[tuple[int, float]]]:
+    """Log-softmax of the raw row (renormalised over allowed) and its k best (id, logprob)."""
+    x = np.asarray(logits, F32)
+    if allowed is not None:
+        x = apply_mask(x, np.unique(np.asarray(allowed, np.int64)).tolist(), None)
+    d = x - x.max()
+    lp = d - F32(math.log(np.exp(d).sum(dtype=np.float64)))
+    n = min(k, int(np.count_nonzero(lp > -np.inf)))
+    top = _top_order(lp, n) if n > 0 else np.empty(0, np.int64)
+    return lp, [(int(i), float(lp[i])) for i in top]

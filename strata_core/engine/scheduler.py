@@ -1,0 +1,171 @@
+"""Slots and continuous batching.
+
+Each step is one ``llama_decode`` that holds one token for every decoding slot plus
+chunks of pending prompts, within ``n_batch``. New requests join between steps and take
+the free slot whose cached tokens share the longest prefix with their prompt; finished
+or cancelled slots free at once and keep their cache for the next request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from strata_core import protocol as proto
+from strata_core.engine.llama import Batch, Llama
+from strata_core.engine.sampler import SamplingParams, sample, top_logprobs
+
+Emit = Callable[[proto.Event], None]
+
+
+@dataclass
+class Request:
+    rid: str
+    prompt: list[int]
+    params: SamplingParams
+    max_tokens: int
+    stop_ids: frozenset[int]
+    logprobs: int | None
+    generated: int = 0
+    cached: int = 0
+    t_arrive: float = field(default_factory=time.perf_counter)
+    t_first: float = 0.0
+
+
+@dataclass
+class Slot:
+    seq: int
+    cached: list[int] = field(default_factory=list)  # tokens whose KV is in this sequence
+    req: Request | None = None
+    pending: list[int] = field(default_factory=list)  # prompt tokens still to decode
+    last: int | None = None  # sampled, not yet decoded
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x, y = np.asarray(a[:n]), np.asarray(b[:n])
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if len(diff) else n
+
+
+class Scheduler:
+    def __init__(self, llama: Llama, emit: Emit) -> None:
+        self.llama = llama
+        self.emit = emit
+        self.slots = [Slot(i) for i in range(llama.n_seq)]
+        self.waiting: deque[Request] = deque()
+        self.batch = Batch(max(llama.n_batch, llama.n_seq))
+
+    # ---- requests -------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting) or any(s.req for s in self.slots)
+
+    def submit(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def cancel(self, rid: str) -> bool:
+        for req in self.waiting:
+            if req.rid == rid:
+                self.waiting.remove(req)
+                self._done(req, "cancelled")
+                return True
+        for slot in self.slots:
+            if slot.req is not None and slot.req.rid == rid:
+                self._finish(slot, "cancelled")
+                return True
+        return False
+
+    def _done(self, req: Request, reason: str) -> None:
+        now = time.perf_counter()
+        stats = {"prompt": str(len(req.prompt)), "cached": str(req.cached), "gen": str(req.generated)}
+        if req.t_first:
+            stats["ttft_ms"] = f"{(req.t_first - req.t_arrive) * 1e3:.2f}"
+            stats["gen_ms"] = f"{(now - req.t_first) * 1e3:.2f}"
+        self.emit(proto.Done(req.rid, reason, stats))
+
+    def _finish(self, slot: Slot, reason: str) -> None:
+        assert slot.req is not None
+        self._done(slot.req, reason)
+        slot.req, slot.pending, slot.last = None, [], None
+
+    def _admit(self) -> None:
+        free = [s for s in self.slots if s.req is None]
+        while self.waiting and free:
+            req = self.waiting.popleft()
+            slot = max(free, key=lambda s: common_prefix(s.cached, req.prompt))
+            free.remove(slot)
+            # Keep at least one prompt token to decode: its logits give the first sample.
+            keep = min(common_prefix(slot.cached, req.prompt), len(req.prompt) - 1)
+            self.llama.seq_trim(slot.seq, keep)
+            slot.cached = slot.cached[:keep]
+            slot.pending = req.prompt[keep:]
+            slot.req, slot.last = req, None
+            req.cached = keep
+
+    # ---- one step ---------------------------------------------------------------------
+
+    def step(self) -> None:
+        self._admit()
+        batch = self.batch
+        batch.clear()
+        sampled: list[tuple[Slot, int]] = []
+        for slot in self.slots:
+            if slot.req is not None and slot.last is not None:
+                sampled.append((slot, batch.add_one(slot.last, len(slot.cached), slot.seq)))
+        budget = batch.capacity - batch.n
+        chunks: list[tuple[Slot, list[int]]] = []
+        for slot in self.slots:
+            if slot.req is None or not slot.pending or budget <= 0:
+                continue
+            chunk = slot.pending[:budget]
+            finishes = len(chunk) == len(slot.pending)
+            idx = batch.add(chunk, len(slot.cached), slot.seq, finishes)
+            if finishes:
+                sampled.append((slot, idx))
+            chunks.append((slot, chunk))
+            budget -= len(chunk)
+        if batch.n == 0:
+            return
+        self.llama.decode(batch)
+        for slot, chunk in chunks:
+            slot.cached.extend(chunk)
+            del slot.pending[: len(chunk)]
+        for slot, _ in sampled:
+            if slot.last is not None:
+                slot.cached.append(slot.last)
+        for slot, idx in sampled:
+            self._sample(slot, idx)
+
+    def _sample(self, slot: Slot, idx: int) -> None:
+        req = slot.req
+        assert req is not None
+        row = self.llama.logits(idx)
+        params = req.params
+        position = len(slot.cached)
+        if params.plain:
+            tok = int(np.argmax(row))
+        else:
+            last_n = params.penalty_last_n
+            history = slot.cached[-last_n:] if last_n else ()
+            tok = sample(row, params, history, position)
+        if not req.t_first:
+            req.t_first = time.perf_counter()
+        if tok in req.stop_ids or self.llama.is_eog(tok):
+            self._finish(slot, "stop")
+            return
+        self.emit(proto.Token(req.rid, tok))
+        if req.logprobs is not None:
+            lps, top = top_logprobs(row, req.logprobs, params.allowed)
+            self.emit(proto.Logprob(req.rid, float(lps[tok]), tuple(top)))
+        req.generated += 1
+        slot.last = tok
+        if req.generated >= req.max_tokens or position + 1 >= self.llama.n_ctx:
+            self._finish(slot, "length")

