@@ -44,7 +44,9 @@ class ApiError(Exception):
         }
 
     def __repr__(self) -> str:
-        return f"ApiError({self.status}, {self.message!r}, param={self.param!r}, code={self.code!r})"
+        return (
+            f"ApiError({self.status}, {self.message!r}, param={self.param!r}, code={self.code!r})"
+        )
 
 
 def _show(value: Any) -> str:
@@ -80,7 +82,10 @@ def from_validation_error(err: ValidationError) -> ApiError:
         )
     if kind == "missing":
         return ApiError(
-            400, f"missing required parameter: '{param}'", param=param, code="missing_required_parameter"
+            400,
+            f"missing required parameter: '{param}'",
+            param=param,
+            code="missing_required_parameter",
         )
     name = param or "request body"
     if kind.startswith("unsupported"):

@@ -113,7 +113,7 @@ class TextPart(_Strict):
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = Field(None, validate_default=True)
+    content: str | list[TextPart] | None = Field(default=None, validate_default=True)
     name: str | None = None
 
     @model_validator(mode="before")
@@ -145,9 +145,7 @@ class ChatMessage(_Strict):
                     {"kind": repr(kind)},
                 )
             if set(part) != {"type", "text"} or not isinstance(part["text"], str):
-                raise _invalid(
-                    'expected text parts of the form {"type": "text", "text": "..."}'
-                )
+                raise _invalid('expected text parts of the form {"type": "text", "text": "..."}')
             parts.append(TextPart(type="text", text=part["text"]))
         return parts
 
@@ -156,23 +154,23 @@ class BaseRequest(_Strict):
     """Fields both endpoints share."""
 
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
-    n: int = Field(1, ge=1, le=MAX_N)
+    n: int = Field(default=1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    seed: int | None = Field(None, ge=SEED_MIN, lt=SEED_MOD)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1)
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    seed: int | None = Field(default=None, ge=SEED_MIN, lt=SEED_MOD)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     # Same bound as the operator's [sampling] repetition_penalty: above 10 is no longer a
     # penalty but a ban, which logit_bias expresses honestly.
-    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
-    penalty_last_n: int | None = Field(None, ge=-1)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
+    penalty_last_n: int | None = Field(default=None, ge=-1)
     logit_bias: dict[int, float] | None = None
 
     @model_validator(mode="before")
@@ -259,7 +257,7 @@ class BaseRequest(_Strict):
 
 class ChatRequest(BaseRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
 
     @field_validator("max_completion_tokens")
     @classmethod

@@ -253,7 +253,7 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
             )
 
     def keys_for(req: BaseRequest, max_new: int, seed: int) -> dict[str, str]:
-        keys = sampling_keys(req, cfg.sampling, seed)
+        keys = sampling_keys(req, cfg.sampling, seed=seed)
         keys["max_tokens"] = str(max_new)
         return keys
 

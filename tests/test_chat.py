@@ -120,6 +120,12 @@ def test_sandbox_escape_is_refused(source: str) -> None:
     assert messages == [{"role": "user", "content": "x"}]
 
 
+def test_null_content_is_template_error(smollm2: ChatTemplate) -> None:
+    # an assistant tool-call turn carries content None; '...' + None is a Python TypeError
+    with pytest.raises(TemplateError, match="TypeError"):
+        smollm2.render([{"role": "assistant", "content": None}])
+
+
 def test_runtime_errors_are_template_errors() -> None:
     with pytest.raises(TemplateError, match="ZeroDivisionError"):
         ChatTemplate("{{ 1 / 0 }}").render([])

@@ -114,7 +114,7 @@ def _token(name: str, text: str, n_vocab: int) -> int:
 
 
 class Candidates(NamedTuple):
-    ids: npt.NDArray[np.int64]
+    ids: npt.NDArray[np.intp]
     logits: npt.NDArray[np.float64]
     ordered: bool  # True: in candidate order; False: ascending id
 
@@ -156,18 +156,23 @@ def apply_penalties(
     return x
 
 
-def _top_order(v: np.ndarray, m: int) -> npt.NDArray[np.int64]:
-    """Positions of the m best entries of v, in candidate order (lower position wins ties)."""
-    n = v.size
-    if m < n:
-        t = np.partition(v, n - m)[n - m]
-        pos = np.flatnonzero(v >= t)
-        if pos.size > m:  # ties at the cut: keep the lowest positions
-            tied = v[pos] == t
-            pos = pos[~tied | (np.cumsum(tied) <= m - np.count_nonzero(~tied))]
-    else:
-        pos = np.arange(n)
-    return pos[np.argsort(-v[pos], kind="stable")]
+def _order_keys(v: np.ndarray) -> npt.NDArray[np.uint64]:
+    """One sortable key per entry: descending value, then ascending position.
+
+    The values are float32 (or float32 values held as float64): their bits, flipped into
+    an order-preserving unsigned form, go above the position, so a plain np.sort (SIMD,
+    no argsort) gives candidate order with ties already resolved.
+    """
+    b = (v.astype(F32) + F32(0.0)).view(np.uint32)  # + 0.0 turns -0.0 into +0.0: a tie
+    ascending = np.where(b >> 31, ~b, b | np.uint32(0x80000000))
+    return ((~ascending).astype(np.uint64) << np.uint64(32)) | np.arange(v.size, dtype=np.uint64)
+
+
+def _first(keys: npt.NDArray[np.uint64], m: int) -> npt.NDArray[np.intp]:
+    """Positions of the first m entries in candidate order, in that order."""
+    head = np.partition(keys, m - 1)[:m] if m < keys.size else keys.copy()
+    head.sort()
+    return (head & np.uint64(0xFFFFFFFF)).astype(np.intp)
 
 
 def _walk(
@@ -175,9 +180,12 @@ def _walk(
 ) -> tuple[np.ndarray, int]:
     """Candidate-order positions and the index where the running mass first passes target."""
     n = c.ids.size
-    m = n if c.ordered else min(n, _FIRST_BLOCK)
-    while True:
-        pos = np.arange(n) if c.ordered else _top_order(c.logits, m)
+    if c.ordered:
+        pos = np.arange(n)
+        return pos, min(n - 1, int(np.searchsorted(np.cumsum(weights), target, side=side)))
+    keys, m = _order_keys(c.logits), min(n, _FIRST_BLOCK)
+    while True:  # most mass sits in the head: sort only as much as the walk needs
+        pos = _first(keys, m)
         i = int(np.searchsorted(np.cumsum(weights[pos]), target, side=side))
         if i < m or m == n:
             return pos, min(i, n - 1)
@@ -192,7 +200,7 @@ def _mass(c: Candidates, weights: np.ndarray) -> float:
 def candidates(x: np.ndarray, top_k: int) -> Candidates:
     """The permitted entries of x, cut to the top_k best when top_k is set."""
     if 0 < top_k < x.size:
-        ids = _top_order(x, top_k)
+        ids = _first(_order_keys(x), top_k)
         ids = ids[x[ids] > -np.inf]
         return Candidates(ids, x[ids].astype(np.float64), True)
     ids = np.flatnonzero(x > -np.inf)
@@ -252,5 +260,5 @@ def top_logprobs(
     d = x - x.max()
     lp = d - F32(math.log(np.exp(d).sum(dtype=np.float64)))
     n = min(k, int(np.count_nonzero(lp > -np.inf)))
-    top = _top_order(lp, n) if n > 0 else np.empty(0, np.int64)
+    top = _first(_order_keys(lp), n) if n > 0 else np.empty(0, np.intp)
     return lp, [(int(i), float(lp[i])) for i in top]

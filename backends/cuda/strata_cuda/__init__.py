@@ -106,20 +106,24 @@ class CudaBackend(Backend):
         dirs += [env.get("PATH", os.defpath), os.path.join(self.default_home, "bin")]
         return which("nvcc", {"PATH": os.pathsep.join(dirs)})
 
+    def searched(self) -> str:
+        named = [f"${v}/bin" for v in ("CUDA_HOME", "CUDA_PATH") if self.env.get(v)]
+        return ", ".join([*named, "PATH"]) + f" or {self.default_home}/bin"
+
     def probe(self) -> Probe:
         nvcc = self.find_nvcc()
         if nvcc is None:
             return Probe(
                 ProbeStatus.TOOLCHAIN_MISSING,
-                "nvcc not found in $CUDA_HOME/bin, $CUDA_PATH/bin, on PATH or in "
-                f"{self.default_home}/bin (install the CUDA toolkit >= 12.0)",
+                f"nvcc not found in {self.searched()} (install the CUDA toolkit >= 12.0, "
+                "or set CUDA_HOME to one)",
             )
         release = parse_release(run_tool([nvcc, "--version"], self.env) or "")
         if release is None:
             return Probe(
                 ProbeStatus.TOOLCHAIN_MISSING, f"`{nvcc} --version` failed or named no release"
             )
-        toolchain = {"nvcc": nvcc, "cuda": "%d.%d" % release}
+        toolchain = {"nvcc": nvcc, "cuda": f"{release[0]}.{release[1]}"}
         if release < MIN_TOOLKIT:
             return Probe(
                 ProbeStatus.DRIVER_UNSUPPORTED,

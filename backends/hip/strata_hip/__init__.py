@@ -77,6 +77,10 @@ class HipBackend(Backend):
         dirs += [self.env.get("PATH", os.defpath), os.path.join(self.default_home, "bin")]
         return which(tool, {"PATH": os.pathsep.join(dirs)})
 
+    def searched(self) -> str:
+        named = ["$ROCM_PATH/bin"] if self.env.get("ROCM_PATH") else []
+        return ", ".join([*named, "PATH"]) + f" or {self.default_home}/bin"
+
     def find_gpus(self) -> tuple[list[Device], list[str]]:
         """GPUs from rocminfo, else amd-smi; and what each tool said when it found none."""
         said = []
@@ -98,8 +102,8 @@ class HipBackend(Backend):
         if hipconfig is None:
             return Probe(
                 ProbeStatus.TOOLCHAIN_MISSING,
-                "hipconfig not found in $ROCM_PATH/bin, on PATH or in "
-                f"{self.default_home}/bin (install ROCm >= 6.1)",
+                f"hipconfig not found in {self.searched()} (install ROCm >= 6.1, or set "
+                "ROCM_PATH to it)",
             )
         out = run_tool([hipconfig, "--version"], self.env) or ""
         version = parse_version(out)

@@ -1,0 +1,242 @@
+"""The ``strata`` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from strata_core import __version__
+from strata_core.backend import Backend
+from strata_core.build import BuildError, EngineBuild, ensure_engine, find_engine, list_engines
+from strata_core.config import Config, ConfigError, load_config
+from strata_core.models import ModelError, resolve_model
+from strata_core.plugins import BackendError, Registry, load_registry, select_backend
+
+
+def _fail(msg: str) -> int:
+    print(f"strata: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def backend_rows(reg: Registry) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for name, lb in sorted(reg.backends.items()):
+        probe = lb.backend.probe()
+        rows.append(
+            {
+                "name": name,
+                "distribution": lb.distribution,
+                "version": lb.version,
+                "status": probe.status.value,
+                "reason": probe.reason,
+                "verified_on_hardware": lb.backend.verified_on_hardware,
+                "devices": [vars(d) for d in probe.devices],
+                "toolchain": dict(probe.toolchain),
+            }
+        )
+    for b in reg.broken:
+        rows.append(
+            {
+                "name": b.name,
+                "distribution": b.distribution,
+                "version": b.version,
+                "status": "broken",
+                "reason": b.error,
+                "verified_on_hardware": False,
+                "devices": [],
+                "toolchain": {},
+            }
+        )
+    return rows
+
+
+def cmd_backends(args: argparse.Namespace) -> int:
+    rows = backend_rows(load_registry())
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for r in rows:
+        note = "" if r["verified_on_hardware"] else "  [unverified on hardware]"
+        print(f"{r['name']:<6} {r['status']:<21} {r['distribution']} {r['version']}{note}")
+        print(f"       {r['reason']}")
+        for d in r["devices"]:
+            mem = f", {d['memory_mib']} MiB" if d.get("memory_mib") else ""
+            print(f"       device {d['index']}: {d['name']}{mem}")
+    return 0
+
+
+def _config(args: argparse.Namespace) -> Config:
+    overrides = {
+        "engine": {
+            "backend": getattr(args, "backend", None),
+            "model": getattr(args, "model", None),
+            "parallel": getattr(args, "parallel", None),
+            "n_ctx": getattr(args, "n_ctx", None),
+        },
+        "server": {"host": getattr(args, "host", None), "port": getattr(args, "port", None)},
+    }
+    return load_config(getattr(args, "config", None), overrides=overrides)
+
+
+def _engine_for(cfg: Config) -> tuple[Backend, EngineBuild]:
+    reg = load_registry()
+    backend = select_backend(reg, cfg.engine.backend)
+    return backend, ensure_engine(backend, cfg.engine.llama_cpp, log=lambda m: print(m, file=sys.stderr))
+
+
+def cmd_engine_build(args: argparse.Namespace) -> int:
+    cfg = _config(args)
+    backend, build = _engine_for(cfg)
+    print(f"{backend.name} engine: {build.path.parent}")
+    return 0
+
+
+def cmd_engine_list(args: argparse.Namespace) -> int:
+    builds = list_engines()
+    if not builds:
+        print("no engines built yet; run `strata engine build`")
+    for b in builds:
+        print(f"{b.backend:<6} {b.meta.get('llama_cpp_python', '?')}  {b.path.parent}")
+        print(f"       {' '.join(b.meta.get('cmake_args', []))}")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    print(f"strata {__version__}, python {sys.version.split()[0]}")
+    try:
+        cfg = _config(args)
+    except ConfigError as exc:
+        print(f"config: {exc}")
+        return 1
+    reg = load_registry()
+    for r in backend_rows(reg):
+        print(f"backend {r['name']}: {r['status']} - {r['reason']}")
+        for d in r["devices"]:
+            mem = f", {d['memory_mib']} MiB" if d.get("memory_mib") else ""
+            print(f"  device {d['index']}: {d['name']}{mem}")
+    try:
+        backend = select_backend(reg, cfg.engine.backend)
+        print(f"selected backend: {backend.name}")
+        build = find_engine(backend.name, backend.build_spec())
+        if build:
+            print(f"engine build: {build.path.parent}")
+            print(f"  flags: {' '.join(build.meta.get('cmake_args', []))}")
+        else:
+            print(f"engine build: none yet (run `strata engine build --backend {backend.name}`)")
+    except BackendError as exc:
+        print(f"selected backend: none ({exc})")
+    try:
+        m = resolve_model(cfg.engine.model)
+        print(f"model: {m.id} ({m.path})")
+    except ModelError as exc:
+        print(f"model: {exc}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from strata_core.reader import EngineClient, engine_command
+    from strata_core.sampling import check_defaults
+    from strata_core.server import Service, create_app
+
+    cfg = _config(args)
+    check_defaults(cfg.sampling)
+    model = resolve_model(cfg.engine.model)
+    backend, build = _engine_for(cfg)
+    e = cfg.engine
+    defaults = backend.engine_defaults()
+    command = engine_command(
+        str(model.path),
+        site=str(build.path),
+        env=backend.engine_env(e),
+        n_ctx=e.n_ctx,
+        parallel=e.parallel,
+        n_batch=e.n_batch,
+        threads=e.threads,
+        n_gpu_layers=e.n_gpu_layers if e.n_gpu_layers is not None else defaults.n_gpu_layers,
+        flash_attn=e.flash_attn if e.flash_attn is not None else defaults.flash_attn,
+        backend=backend.name,
+    )
+    service = Service(cfg, model.id, EngineClient(command))
+    service.backend_info = {
+        "backend": backend.name,
+        "build": {k: build.meta.get(k) for k in ("cmake_args", "llama_cpp_python", "site")},
+        "devices": [vars(d) for d in backend.probe().devices],
+    }
+    host, port = cfg.server.host, cfg.server.port
+
+    async def announce() -> None:
+        print(
+            f"Strata serving {model.id} on http://{host}:{port}/v1 "
+            f"(backend {backend.name}, model file {model.path})",
+            flush=True,
+        )
+
+    app = create_app(service, on_ready=announce)
+    uvicorn.run(app, host=host, port=port, log_level=args.log_level)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="strata", description="OpenAI-compatible LLM serving")
+    ap.add_argument("--version", action="store_true", help="show versions of strata and its plugins")
+    sub = ap.add_subparsers(dest="command")
+
+    p = sub.add_parser("backends", help="list backends and whether they can run here")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_backends)
+
+    eng = sub.add_parser("engine", help="build or list native engines").add_subparsers(dest="sub")
+    p = eng.add_parser("build", help="build (or reuse) the engine for a backend")
+    p.add_argument("--backend")
+    p.add_argument("--config")
+    p.set_defaults(func=cmd_engine_build)
+    p = eng.add_parser("list", help="list built engines")
+    p.set_defaults(func=cmd_engine_list)
+
+    p = sub.add_parser("doctor", help="report backends, devices, engine build and model")
+    p.add_argument("--backend")
+    p.add_argument("--config")
+    p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("serve", help="serve a model behind the OpenAI API")
+    p.add_argument("--config", help="TOML config file (also $STRATA_CONFIG)")
+    p.add_argument("--backend", help="cpu, cuda, hip, sycl, metal or auto")
+    p.add_argument("--model", help="path to a GGUF file, or an alias (default)")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--parallel", type=int, help="parallel slots")
+    p.add_argument("--n-ctx", type=int, help="context per slot")
+    p.add_argument("--log-level", default="warning")
+    p.set_defaults(func=cmd_serve)
+    return ap
+
+
+def print_versions() -> None:
+    print(f"strata {__version__}")
+    reg = load_registry()
+    for name, lb in sorted(reg.backends.items()):
+        print(f"  backend {name}: {lb.distribution} {lb.version}")
+    for b in reg.broken:
+        print(f"  backend {b.name}: {b.distribution} {b.version} BROKEN: {b.error}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.version:
+        print_versions()
+        return 0
+    if not getattr(args, "func", None):
+        build_parser().print_help()
+        return 0
+    try:
+        return int(args.func(args))
+    except (ConfigError, BackendError, BuildError, ModelError, ValueError) as exc:
+        return _fail(str(exc))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

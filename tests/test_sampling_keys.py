@@ -1,0 +1,187 @@
+"""Request + config defaults -> GEN keys: neutral values are never sent."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from strata_core.config import SamplingConfig
+from strata_core.requests import PENALTY_LAST_N_ALL, ChatRequest, CompletionRequest
+from strata_core.sampling import (
+    DEFAULT_PENALTY_LAST_N,
+    check_defaults,
+    resolve_seed,
+    sampling_keys,
+)
+
+NONE = SamplingConfig()
+
+
+def req(**fields: Any) -> ChatRequest:
+    return ChatRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], **fields})
+
+
+def keys(defaults: SamplingConfig = NONE, seed: int | None = 7, **fields: Any) -> dict[str, str]:
+    return sampling_keys(req(**fields), defaults, seed=seed)
+
+
+@pytest.mark.parametrize("fields", [{}, {"temperature": 0}, {"temperature": None}])
+def test_greedy_sends_nothing(fields: dict[str, Any]) -> None:
+    assert keys(**fields) == {}
+
+
+def test_greedy_drops_sampling_only_keys() -> None:
+    assert keys(temperature=0, top_p=0.5, top_k=5, min_p=0.1, seed=3) == {}
+
+
+def test_sampling_with_neutral_top_p_sends_temperature_and_seed() -> None:
+    assert keys(temperature=0.8, top_p=1) == {"temperature": "0.8", "seed": "7"}
+
+
+def test_neutral_values_are_not_sent() -> None:
+    got = keys(
+        temperature=0.8,
+        top_p=1.0,
+        top_k=0,
+        min_p=0,
+        repetition_penalty=1,
+        frequency_penalty=0,
+        presence_penalty=0,
+        penalty_last_n=128,
+        logit_bias={},
+    )
+    assert got == {"temperature": "0.8", "seed": "7"}
+    assert keys(temperature=0.8, top_k=-1) == {"temperature": "0.8", "seed": "7"}
+    assert keys(logit_bias={"3": 0}) == {}
+
+
+def test_every_key_when_asked() -> None:
+    got = keys(
+        temperature=0.7,
+        top_p=0.9,
+        top_k=40,
+        min_p=0.05,
+        repetition_penalty=1.1,
+        frequency_penalty=0.5,
+        presence_penalty=-0.5,
+        penalty_last_n=32,
+        max_tokens=16,
+        logit_bias={"20": 1, "3": -100},
+    )
+    assert got == {
+        "max_tokens": "16",
+        "temperature": "0.7",
+        "top_p": "0.9",
+        "top_k": "40",
+        "min_p": "0.05",
+        "penalty_repeat": "1.1",
+        "penalty_freq": "0.5",
+        "penalty_present": "-0.5",
+        "penalty_last_n": "32",
+        "seed": "7",
+        "bias": "3:-100.0,20:1.0",
+    }
+
+
+@pytest.mark.parametrize(
+    ("field", "key"),
+    [
+        ("repetition_penalty", "penalty_repeat"),
+        ("frequency_penalty", "penalty_freq"),
+        ("presence_penalty", "penalty_present"),
+    ],
+)
+def test_penalty_without_window_uses_64(field: str, key: str) -> None:
+    got = keys(**{field: 1.5})
+    assert got == {key: "1.5", "penalty_last_n": str(DEFAULT_PENALTY_LAST_N)}
+    assert DEFAULT_PENALTY_LAST_N == 64
+
+
+def test_penalties_apply_to_greedy_but_window_alone_is_neutral() -> None:
+    assert keys(presence_penalty=0.5)["penalty_present"] == "0.5"
+    assert keys(penalty_last_n=32) == {}
+
+
+def test_penalty_window_zero_turns_penalties_off_and_minus_one_is_whole_context() -> None:
+    assert keys(repetition_penalty=1.3, penalty_last_n=0) == {}
+    got = keys(repetition_penalty=1.3, penalty_last_n=-1)
+    assert got["penalty_last_n"] == str(PENALTY_LAST_N_ALL)
+
+
+def test_seed_only_when_sampling() -> None:
+    assert "seed" not in keys(seed=11, repetition_penalty=1.2)
+    assert keys(seed=11, temperature=1.0)["seed"] == "11"
+
+
+def test_explicit_seed_argument_and_request_seed_fallback() -> None:
+    r = req(temperature=1.0, seed=5)
+    assert sampling_keys(r, NONE, seed=None)["seed"] == "5"
+    assert sampling_keys(r, NONE, seed=resolve_seed(r.seed))["seed"] == "5"
+    assert "seed" not in sampling_keys(req(temperature=1.0), NONE, seed=None)
+
+
+def test_resolve_seed() -> None:
+    assert resolve_seed(0) == 0
+    assert resolve_seed(2**64 - 1) == 2**64 - 1
+    drawn = {resolve_seed(None) for _ in range(8)}
+    assert len(drawn) > 1
+    assert all(0 <= s < 2**63 for s in drawn)
+
+
+def test_config_default_used_when_absent_and_when_null() -> None:
+    defaults = SamplingConfig(temperature=0.6, top_k=20, repetition_penalty=1.1, max_tokens=100)
+    expected = {
+        "max_tokens": "100",
+        "temperature": "0.6",
+        "top_k": "20",
+        "penalty_repeat": "1.1",
+        "penalty_last_n": "64",
+        "seed": "7",
+    }
+    assert keys(defaults) == expected
+    assert keys(defaults, temperature=None, top_k=None, repetition_penalty=None) == expected
+    assert keys(defaults, max_tokens=None) == expected
+
+
+def test_request_wins_over_config() -> None:
+    defaults = SamplingConfig(
+        temperature=0.6, top_p=0.5, top_k=20, penalty_last_n=256, max_tokens=100
+    )
+    assert keys(defaults, temperature=0) == {"max_tokens": "100"}
+    got = keys(defaults, temperature=1.2, top_p=1, top_k=-1, max_tokens=5)
+    assert got == {"max_tokens": "5", "temperature": "1.2", "seed": "7"}
+    got = keys(defaults, presence_penalty=0.25, penalty_last_n=8)
+    assert got["penalty_last_n"] == "8"
+    assert keys(defaults, max_completion_tokens=3)["max_tokens"] == "3"
+
+
+def test_config_window_used_by_a_request_penalty() -> None:
+    got = keys(SamplingConfig(penalty_last_n=256), frequency_penalty=0.1)
+    assert got == {"penalty_freq": "0.1", "penalty_last_n": "256"}
+
+
+def test_completion_requests_map_the_same_way() -> None:
+    r = CompletionRequest.model_validate({"prompt": [1, 2], "temperature": 0.5, "max_tokens": 4})
+    assert sampling_keys(r, NONE, seed=1) == {"max_tokens": "4", "temperature": "0.5", "seed": "1"}
+
+
+@given(st.floats(min_value=0.0, max_value=2.0, exclude_min=True))
+def test_floats_round_trip_exactly(t: float) -> None:
+    sent = keys(temperature=t)["temperature"]
+    assert float(sent) == t
+    assert not math.isnan(float(sent))
+
+
+def test_check_defaults() -> None:
+    check_defaults(SamplingConfig())
+    check_defaults(SamplingConfig(top_p=0.9, repetition_penalty=1.2, penalty_last_n=32))
+    check_defaults(SamplingConfig(penalty_last_n=0))
+    check_defaults(SamplingConfig(penalty_last_n=0, repetition_penalty=1.0))
+    with pytest.raises(ValueError, match="penalty_last_n.*repetition_penalty"):
+        check_defaults(SamplingConfig(penalty_last_n=0, repetition_penalty=1.2))
+    with pytest.raises(ValueError, match="presence_penalty"):
+        check_defaults(SamplingConfig(penalty_last_n=0, presence_penalty=0.5))
