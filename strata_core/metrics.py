@@ -7,14 +7,15 @@ from collections.abc import Callable, Sequence
 
 
 class Counter:
-    def __init__(self, name: str, help: str) -> None:
-        self.name, self.help, self.value = name, help, 0.0
+    def __init__(self, name: str, help: str, read: Callable[[], float] | None = None) -> None:
+        self.name, self.help, self.value, self.read = name, help, 0.0, read
 
     def inc(self, n: float = 1.0) -> None:
         self.value += n
 
     def render(self) -> str:
-        return f"# HELP {self.name} {self.help}\n# TYPE {self.name} counter\n{self.name} {self.value}\n"
+        value = self.read() if self.read else self.value
+        return f"# HELP {self.name} {self.help}\n# TYPE {self.name} counter\n{self.name} {value}\n"
 
 
 class Gauge:
@@ -51,8 +52,16 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 
 
 class Metrics:
-    def __init__(self, queue_depth: Callable[[], float], busy_slots: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        queue_depth: Callable[[], float],
+        busy_slots: Callable[[], float],
+        cancelled: Callable[[], float],
+    ) -> None:
         self.requests = Counter("strata_requests_total", "Completion requests received")
+        self.cancelled = Counter(
+            "strata_requests_cancelled_total", "Engine requests that ended cancelled", cancelled
+        )
         self.errors = Counter("strata_request_errors_total", "Requests that ended in an error")
         self.prompt_tokens = Counter("strata_prompt_tokens_total", "Prompt tokens processed")
         self.cached_tokens = Counter("strata_cached_prompt_tokens_total", "Prompt tokens reused")

@@ -200,11 +200,17 @@ def _ids(ids: Iterable[int]) -> str:
 def _pair(key: str, value: str) -> str:
     if not (isinstance(key, str) and _KEY.fullmatch(key)):
         raise ProtocolError(f"bad key {key!r} (expected [a-z_][a-z0-9_]*)")
-    if not (isinstance(value, str) and value.isascii() and value.isprintable()
-            and value and " " not in value):
+    if not (
+        isinstance(value, str)
+        and value.isascii()
+        and value.isprintable()
+        and value
+        and " " not in value
+    ):
         raise ProtocolError(
             f"bad value {value!r} for key {key!r} (expected non-empty printable ASCII "
-            "without spaces; base64 anything else)")
+            "without spaces; base64 anything else)"
+        )
     return f"{key}={value}"
 
 
@@ -283,7 +289,9 @@ def _encode_event(ev: Event) -> str:
         return f"LP {_rid(ev.rid)} {_float(ev.logprob)}{alts}"
     if isinstance(ev, Done):
         if ev.reason not in DONE_REASONS:
-            raise ProtocolError(f"bad reason {ev.reason!r} (expected one of {sorted(DONE_REASONS)})")
+            raise ProtocolError(
+                f"bad reason {ev.reason!r} (expected one of {sorted(DONE_REASONS)})"
+            )
         return " ".join(["DONE", _rid(ev.rid), ev.reason, *(_pair(*kv) for kv in ev.stats.items())])
     if isinstance(ev, Tokens):
         return f"TOKENS {_rid(ev.rid)} {_ids(ev.ids)}".rstrip(" ")
@@ -386,8 +394,12 @@ def _parse_ready(line: str, parts: list[str]) -> Ready:
 
 
 _EVENT_PARSERS: dict[str, Callable[[str, list[str]], Event]] = {
-    "DONE": _parse_done, "TOKENS": _parse_tokens, "VOCAB": _parse_vocab,
-    "ERR": _parse_message, "WARN": _parse_message, "READY": _parse_ready,
+    "DONE": _parse_done,
+    "TOKENS": _parse_tokens,
+    "VOCAB": _parse_vocab,
+    "ERR": _parse_message,
+    "WARN": _parse_message,
+    "READY": _parse_ready,
 }
 
 
@@ -406,7 +418,9 @@ def parse_event(line: str) -> Event:
             return _parse_logprob(parts)
         parser = _EVENT_PARSERS.get(verb)
         if parser is None:
-            raise ProtocolError(f"unknown event {verb[:20]!r} (expected T, LP, {', '.join(_EVENT_PARSERS)})")
+            raise ProtocolError(
+                f"unknown event {verb[:20]!r} (expected T, LP, {', '.join(_EVENT_PARSERS)})"
+            )
         return parser(line, parts)
     except (ValueError, RecursionError) as exc:
         raise ProtocolError(f"{exc} in line {_clip(_strip_eol(line))!r}") from None
@@ -416,13 +430,15 @@ def _parse_gen(parts: list[str]) -> Gen:
     if len(parts) < 3 or ":" not in parts[2:]:
         raise ProtocolError("expected 'GEN <rid> [key=value ...] : <id> ...' with a lone ':'")
     sep = parts.index(":", 2)
-    return Gen(_rid(parts[1]), _parse_pairs(parts[2:sep]), _uints(parts[sep + 1:]))
+    return Gen(_rid(parts[1]), _parse_pairs(parts[2:sep]), _uints(parts[sep + 1 :]))
 
 
 def _parse_tokenize(parts: list[str]) -> Tokenize:
     _fields(parts, 3, "TOKENIZE <rid> <b64 text> [special=1]", at_least=True)
     if parts[3:] not in ([], ["special=1"], ["special=0"]):
-        raise ProtocolError(f"bad TOKENIZE flags {_clip(' '.join(parts[3:]))!r} (expected nothing or special=1)")
+        raise ProtocolError(
+            f"bad TOKENIZE flags {_clip(' '.join(parts[3:]))!r} (expected nothing or special=1)"
+        )
     try:
         text = _unb64(parts[2]).decode("utf-8")
     except UnicodeDecodeError:
@@ -448,6 +464,8 @@ def parse_command(line: str) -> Command:
         if verb == "QUIT":
             _fields(parts, 1, "QUIT")
             return Quit()
-        raise ProtocolError(f"unknown command {verb[:20]!r} (expected GEN, CANCEL, TOKENIZE, VOCAB, QUIT)")
+        raise ProtocolError(
+            f"unknown command {verb[:20]!r} (expected GEN, CANCEL, TOKENIZE, VOCAB, QUIT)"
+        )
     except (ValueError, RecursionError) as exc:
         raise ProtocolError(f"{exc} in line {_clip(_strip_eol(line))!r}") from None

@@ -9,6 +9,7 @@ with an error and the supervisor starts a new engine, with backoff.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import os
@@ -73,6 +74,7 @@ class EngineClient:
         self.ready = asyncio.Event()
         self.proc: asyncio.subprocess.Process | None = None
         self.restarts = 0
+        self.done_reasons: collections.Counter[str] = collections.Counter()
         self._streams: dict[str, RequestStream] = {}
         self._replies: dict[str, asyncio.Future[Any]] = {}
         self._ids = itertools.count()
@@ -182,6 +184,7 @@ class EngineClient:
                 st.held = None
         elif isinstance(ev, proto.Done):
             st = self._streams.pop(ev.rid, None)
+            self.done_reasons[ev.reason] += 1
             if st is not None:
                 if st.held is not None:
                     st.queue.put_nowait(TokenEvent(st.held))

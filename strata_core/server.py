@@ -53,6 +53,7 @@ class Service:
         self.metrics = Metrics(
             queue_depth=lambda: max(0, self.engine.in_flight - slots),
             busy_slots=lambda: min(self.engine.in_flight, slots),
+            cancelled=lambda: self.engine.done_reasons["cancelled"],
         )
 
     async def prepare(self) -> None:

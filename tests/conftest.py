@@ -15,13 +15,16 @@ import pytest
 
 from strata_core.backends.cpu import CpuBackend
 from strata_core.build import EngineBuild, ensure_engine
+from strata_core.config import load_config
 from strata_core.models import default_model_path
 
 
 @pytest.fixture(scope="session")
 def cpu_engine() -> EngineBuild:
-    """The CPU engine, built once and cached under $STRATA_HOME."""
-    return ensure_engine(CpuBackend(), log=lambda m: print(m, file=sys.stderr))
+    """The CPU engine, built once and cached under $STRATA_HOME (or the operator's
+    ``engine.llama_cpp``, e.g. STRATA_ENGINE_LLAMA_CPP, when set)."""
+    llama_cpp = load_config().engine.llama_cpp
+    return ensure_engine(CpuBackend(), llama_cpp, log=lambda m: print(m, file=sys.stderr))
 
 
 @pytest.fixture(scope="session")

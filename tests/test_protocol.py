@@ -51,7 +51,10 @@ pairs = st.dictionaries(keys, values, max_size=8)
 logprobs = st.floats(allow_nan=False)  # includes inf, -inf, -0.0 and subnormals
 messages = st.text().map(lambda s: s.translate({ord(c): " " for c in LINE_BREAKS}))
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**63) | st.floats(allow_nan=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63)
+    | st.floats(allow_nan=False)
     | st.text(),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
     max_leaves=20,
@@ -139,7 +142,10 @@ EVENT_FIXTURES: list[tuple[str, Event]] = [
     ("LP r1 -0.5 3:-0.5 9:-1.25", Logprob("r1", -0.5, ((3, -0.5), (9, -1.25)))),
     ("LP r1 -inf 5:-inf", Logprob("r1", -math.inf, ((5, -math.inf),))),
     ("LP r-2 -1e-05", Logprob("r-2", -1e-05, ())),
-    ("DONE r1 stop prompt=5 cached=0 gen=3", Done("r1", "stop", {"prompt": "5", "cached": "0", "gen": "3"})),
+    (
+        "DONE r1 stop prompt=5 cached=0 gen=3",
+        Done("r1", "stop", {"prompt": "5", "cached": "0", "gen": "3"}),
+    ),
     ("DONE a_b cancelled", Done("a_b", "cancelled", {})),
     ("TOKENS t 1 22 333", Tokens("t", (1, 22, 333))),
     ("TOKENS t", Tokens("t", ())),
@@ -150,16 +156,23 @@ EVENT_FIXTURES: list[tuple[str, Event]] = [
     ("ERR - engine  out of memory ", Error(None, "engine  out of memory ")),
     ("WARN r1 unknown key foo", Warn("r1", "unknown key foo")),
     ("WARN - ", Warn(None, "")),
-    ('READY {"protocol":1,"n_vocab":32000,"eos":[2],"name":"a b"}',
-     Ready({"protocol": 1, "n_vocab": 32000, "eos": [2], "name": "a b"})),
+    (
+        'READY {"protocol":1,"n_vocab":32000,"eos":[2],"name":"a b"}',
+        Ready({"protocol": 1, "n_vocab": 32000, "eos": [2], "name": "a b"}),
+    ),
 ]
 
 COMMAND_FIXTURES: list[tuple[str, Command]] = [
     ("GEN a temperature=0.8 : 1 2", Gen("a", {"temperature": "0.8"}, (1, 2))),
     ("GEN a :", Gen("a", {}, ())),
-    ("GEN r-1 grammar=json_schema:eyJ9 bias=5:-1.5,7:2 stop_ids=2,3 x=a=b : 5 6 7",
-     Gen("r-1", {"grammar": "json_schema:eyJ9", "bias": "5:-1.5,7:2", "stop_ids": "2,3", "x": "a=b"},
-         (5, 6, 7))),
+    (
+        "GEN r-1 grammar=json_schema:eyJ9 bias=5:-1.5,7:2 stop_ids=2,3 x=a=b : 5 6 7",
+        Gen(
+            "r-1",
+            {"grammar": "json_schema:eyJ9", "bias": "5:-1.5,7:2", "stop_ids": "2,3", "x": "a=b"},
+            (5, 6, 7),
+        ),
+    ),
     ("CANCEL a", Cancel("a")),
     ("TOKENIZE r aGk=", Tokenize("r", "hi")),
     ("TOKENIZE r - special=1", Tokenize("r", "", True)),
@@ -198,7 +211,7 @@ def test_parsers_tolerate_extra_whitespace_between_fields() -> None:
 def test_ready_is_compact_json_and_carries_the_version() -> None:
     line = encode_event(Ready({"protocol": PROTOCOL_VERSION, "template": "a\nb ü"}))
     assert line == 'READY {"protocol":1,"template":"a\\nb \\u00fc"}'
-    assert json.loads(line[len("READY "):])["protocol"] == 1
+    assert json.loads(line[len("READY ") :])["protocol"] == 1
 
 
 def test_logprob_floats_are_written_exactly() -> None:
@@ -330,7 +343,11 @@ BAD_TO_ENCODE: list[tuple[Event | Command, str]] = [
 
 @pytest.mark.parametrize(("obj", "why"), BAD_TO_ENCODE)
 def test_bad_value_to_encode(obj: Event | Command, why: str) -> None:
-    encode = encode_command if isinstance(obj, (Gen, Cancel, Tokenize, VocabRequest, Quit)) else encode_event
+    encode = (
+        encode_command
+        if isinstance(obj, (Gen, Cancel, Tokenize, VocabRequest, Quit))
+        else encode_event
+    )
     with pytest.raises(ProtocolError) as info:
         encode(obj)  # type: ignore[arg-type]
     assert why in str(info.value) and "cannot encode" in str(info.value)
@@ -346,24 +363,45 @@ def test_numpy_style_integers_encode() -> None:
 
 # --- arbitrary input never escapes as another exception type -----------------------------
 
-VERBS = ["T", "LP", "DONE", "TOKENS", "VOCAB", "ERR", "WARN", "READY", "GEN", "CANCEL",
-         "TOKENIZE", "QUIT", ":"]
+VERBS = [
+    "T",
+    "LP",
+    "DONE",
+    "TOKENS",
+    "VOCAB",
+    "ERR",
+    "WARN",
+    "READY",
+    "GEN",
+    "CANCEL",
+    "TOKENIZE",
+    "QUIT",
+    ":",
+]
 fields = st.one_of(
-    st.sampled_from(VERBS), rids, ids.map(str), st.text(max_size=12), values,
+    st.sampled_from(VERBS),
+    rids,
+    ids.map(str),
+    st.text(max_size=12),
+    values,
     st.builds(lambda k, v: f"{k}={v}", keys, st.text(max_size=8)),
     st.builds(lambda i, f: f"{i}:{f}", st.integers(), st.floats().map(repr)),
     st.binary(max_size=20).map(lambda b: base64.b64encode(b).decode()),
 )
 lines = st.one_of(
     st.text(),
-    st.builds(lambda vs, sep: sep.join(vs), st.lists(fields, max_size=8), st.sampled_from([" ", "  ", "\t"])),
+    st.builds(
+        lambda vs, sep: sep.join(vs),
+        st.lists(fields, max_size=8),
+        st.sampled_from([" ", "  ", "\t"]),
+    ),
     st.builds(lambda v, rest: f"{v} {rest}", st.sampled_from(VERBS), st.text()),
 )
 
 
 def _mutate(line: str, pos: int, junk: str, cut: int) -> str:
     pos %= len(line) + 1
-    return line[:pos] + junk + line[pos + cut:]
+    return line[:pos] + junk + line[pos + cut :]
 
 
 @given(lines)
@@ -394,4 +432,4 @@ def test_error_messages_name_the_line(junk: str) -> None:
     line = "T " + junk + " !"
     with pytest.raises(ProtocolError) as info:
         parse_event(line)
-    assert "in line 'T " in str(info.value) or "in line \"T " in str(info.value)
+    assert "in line 'T " in str(info.value) or 'in line "T ' in str(info.value)

@@ -138,6 +138,11 @@ def test_range_error_names_field_value_and_bound() -> None:
     assert refused(ChatRequest, chat(temperature="hot")).code == "invalid_type"
 
 
+def test_nan_and_inf_are_refused_as_not_finite() -> None:
+    assert "finite" in refused(ChatRequest, chat(temperature=float("nan"))).message
+    assert "finite" in refused(ChatRequest, chat(top_p=float("inf"))).message
+
+
 def test_long_values_are_truncated_in_messages() -> None:
     err = refused(ChatRequest, chat(stop=["x" * 500] * 5))
     assert len(err.message) < 200

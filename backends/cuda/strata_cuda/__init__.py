@@ -6,7 +6,7 @@ import os
 import platform
 import re
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from dataclasses import dataclass
 
 from strata_core.backend import (
     Backend,
@@ -31,7 +31,8 @@ FALLBACK_ARCHITECTURES = "75;80;86;89;90"
 GPU_QUERY = "--query-gpu=index,uuid,name,memory.total,compute_cap"
 
 
-class Gpu(NamedTuple):
+@dataclass(frozen=True)
+class Gpu:
     index: int
     uuid: str
     name: str

@@ -83,7 +83,7 @@ class HipBackend(Backend):
 
     def find_gpus(self) -> tuple[list[Device], list[str]]:
         """GPUs from rocminfo, else amd-smi; and what each tool said when it found none."""
-        said = []
+        said: list[str] = []
         for tool, args, parse in (
             ("rocminfo", [], parse_rocminfo),
             ("amd-smi", ["static", "--asic"], parse_amd_smi),

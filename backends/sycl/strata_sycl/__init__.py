@@ -33,7 +33,7 @@ LEVEL_ZERO_GPU = re.compile(
 
 def parse_sycl_ls(text: str) -> list[Device]:
     """The Level Zero GPUs ``sycl-ls`` lists (llama.cpp's SYCL backend runs on those)."""
-    devices = []
+    devices: list[Device] = []
     for line in text.splitlines():
         m = LEVEL_ZERO_GPU.match(line.strip())
         if m is None:
@@ -121,11 +121,11 @@ class SyclBackend(Backend):
         f16 = self.env.get("STRATA_SYCL_F16", "0").strip() or "0"
         if f16 not in {"0", "1"}:
             raise BuildError(f"STRATA_SYCL_F16={f16!r}: expected 1 (half precision) or 0")
-        args = ("-DGGML_SYCL=ON", "-DCMAKE_C_COMPILER=icx", "-DCMAKE_CXX_COMPILER=icpx")
+        args = ["-DGGML_SYCL=ON", "-DCMAKE_C_COMPILER=icx", "-DCMAKE_CXX_COMPILER=icpx"]
         if f16 == "1":
-            args += ("-DGGML_SYCL_F16=ON",)
+            args.append("-DGGML_SYCL_F16=ON")
         return BuildSpec(
-            cmake_args=args + cpu_cmake_args(cpu_flags(), platform.machine()),
+            cmake_args=(*args, *cpu_cmake_args(cpu_flags(), platform.machine())),
             required_tools=("cmake", *COMPILERS),
         )
 

@@ -1,0 +1,178 @@
+"""Issue 2: registry, config, the engine build and a first decode on the real engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from strata_core.build import EngineBuild, build_key, engine_dir, find_engine
+from strata_core.backends.cpu import CpuBackend
+from strata_core.config import ConfigError, load_config
+
+STRATA = [sys.executable, "-m", "strata_core.cli"]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*STRATA, *args], capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600
+    )
+
+
+# ---- registry ------------------------------------------------------------------------
+
+
+def write_plugin(root: Path, name: str, body: str) -> None:
+    """An installed distribution (dist-info on sys.path) with one strata.backends entry point."""
+    (root / f"{name}.py").write_text(textwrap.dedent(body))
+    info = root / f"strata_{name}_test-0.0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: strata-{name}-test\nVersion: 0.0.1\n")
+    (info / "entry_points.txt").write_text(f"[strata.backends]\n{name} = {name}\n")
+
+
+def test_backends_json_lists_all_five() -> None:
+    done = run_cli("backends", "--json")
+    assert done.returncode == 0, done.stderr
+    rows = {r["name"]: r for r in json.loads(done.stdout)}
+    assert {"cpu", "cuda", "hip", "sycl", "metal"} <= set(rows)
+    assert rows["cpu"]["status"] == "ok"
+    for name in ("cuda", "hip", "sycl", "metal"):
+        assert rows[name]["status"] != "ok", rows[name]  # no GPUs on the test machines
+        assert rows[name]["reason"]
+        assert rows[name]["verified_on_hardware"] is False
+
+
+def test_broken_plugin_is_reported_and_others_work(tmp_path: Path) -> None:
+    write_plugin(tmp_path, "exploding", "raise RuntimeError('boom at import')\n")
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = run_cli("backends", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    rows = {r["name"]: r for r in json.loads(done.stdout)}
+    assert rows["exploding"]["status"] == "broken"
+    assert "boom at import" in rows["exploding"]["reason"]
+    assert rows["exploding"]["distribution"] == "strata-exploding-test"
+    assert rows["cpu"]["status"] == "ok"
+
+    strict = run_cli("backends", env={**env, "STRATA_STRICT_PLUGINS": "1"})
+    assert strict.returncode != 0
+    assert "boom at import" in strict.stderr
+
+
+def test_plugin_with_wrong_interface_version_is_broken(tmp_path: Path) -> None:
+    write_plugin(
+        tmp_path,
+        "oldapi",
+        """
+        from strata_core.backends.cpu import CpuBackend
+        from strata_core.hookspecs import hookimpl
+
+        class Old(CpuBackend):
+            name = "oldapi"
+            api_version = 0
+
+        @hookimpl
+        def strata_backends():
+            return [Old()]
+        """,
+    )
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    rows = {r["name"]: r for r in json.loads(run_cli("backends", "--json", env=env).stdout)}
+    assert rows["oldapi"]["status"] == "broken"
+    assert "interface version 0" in rows["oldapi"]["reason"]
+
+
+def test_explicit_backend_that_cannot_run_fails_with_the_probe_reason() -> None:
+    done = run_cli("engine", "build", "--backend", "metal")
+    assert done.returncode == 2
+    assert "backend 'metal' is not available" in done.stderr
+    assert "macOS" in done.stderr
+
+
+# ---- config --------------------------------------------------------------------------
+
+
+def test_misspelled_key_refuses_to_start(tmp_path: Path) -> None:
+    cfg = tmp_path / "strata.toml"
+    cfg.write_text("[engine]\nparalel = 4\n")
+    with pytest.raises(ConfigError, match="unknown key 'paralel'"):
+        load_config(cfg, env={})
+    done = run_cli("serve", "--config", str(cfg))
+    assert done.returncode == 2
+    assert "unknown key 'paralel'" in done.stderr
+
+
+def test_out_of_range_value_refuses_to_start(tmp_path: Path) -> None:
+    cfg = tmp_path / "strata.toml"
+    cfg.write_text("[sampling]\ntemperature = 7.5\n")
+    with pytest.raises(ConfigError, match=r"sampling\.temperature = 7\.5"):
+        load_config(cfg, env={})
+    done = run_cli("serve", "--config", str(cfg))
+    assert done.returncode == 2
+    assert "sampling.temperature" in done.stderr
+
+
+def test_unknown_section_and_env_key_are_named(tmp_path: Path) -> None:
+    cfg = tmp_path / "strata.toml"
+    cfg.write_text("[speculativ]\nmode = 'off'\n")
+    with pytest.raises(ConfigError, match="unknown key 'speculativ'"):
+        load_config(cfg, env={})
+    with pytest.raises(ConfigError, match="unknown key 'modle'"):
+        load_config(None, env={"STRATA_ENGINE_MODLE": "x"})
+
+
+def test_precedence_cli_over_env_over_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "strata.toml"
+    cfg.write_text("[engine]\nparallel = 2\nn_ctx = 512\nbackend = 'cpu'\n")
+    env = {"STRATA_ENGINE_PARALLEL": "3", "STRATA_BACKEND": "cuda"}
+    c = load_config(cfg, env=env, overrides={"engine": {"parallel": 5, "backend": None}})
+    assert (c.engine.parallel, c.engine.n_ctx, c.engine.backend) == (5, 512, "cuda")
+    assert load_config(None, env={}).engine.parallel == 4
+
+
+# ---- the native engine ---------------------------------------------------------------
+
+
+def test_engine_build_is_cached_and_keyed(cpu_engine: EngineBuild) -> None:
+    spec = CpuBackend().build_spec()
+    assert cpu_engine.path.parent == engine_dir("cpu", spec)
+    assert (cpu_engine.path / "llama_cpp").is_dir()
+    meta = json.loads((cpu_engine.path.parent / "build.json").read_text())
+    assert meta["cmake_args"] == list(spec.cmake_args)
+    assert "-DGGML_NATIVE=OFF" in meta["cmake_args"]
+    # A second build call reuses the finished build instead of compiling again.
+    done = run_cli("engine", "build", "--backend", "cpu")
+    assert done.returncode == 0, done.stderr
+    assert str(cpu_engine.path.parent) in done.stdout
+    assert "building" not in done.stderr
+    assert json.loads((cpu_engine.path.parent / "build.json").read_text())["built_at"] == meta["built_at"]
+    # Other flags make another key: a CPU build is never taken for a CUDA one.
+    from strata_core.backend import BuildSpec
+
+    other = BuildSpec(cmake_args=(*spec.cmake_args, "-DGGML_CUDA=ON"))
+    assert build_key(other) != build_key(spec)
+    assert find_engine("cuda", other) is None
+
+
+def test_engine_gives_logits_of_one_token(cpu_engine: EngineBuild, default_model: Path) -> None:
+    code = textwrap.dedent(
+        f"""
+        import numpy as np
+        from strata_core.engine.llama import Batch, Llama, ModelOptions
+        m = Llama(ModelOptions(path={str(default_model)!r}, n_ctx=64, n_seq=1, n_batch=16))
+        b = Batch(16)
+        b.add([1], 0, 0, True)
+        m.decode(b)
+        row = m.logits(0).copy()
+        print(m.n_vocab, row.shape[0], bool(np.isfinite(row).all()), float(row.std()) > 0.1)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": f"{cpu_engine.path}{os.pathsep}{Path(__file__).parents[1]}"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["49152", "49152", "True", "True"]
