@@ -31,18 +31,18 @@ class _Section(BaseModel):
 
 class ServerConfig(_Section):
     host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
+    port: int = Field(default=8000, ge=0, le=65535)
     api_key: str | None = None
 
 
 class EngineConfig(_Section):
     backend: str = "auto"
     model: str = "default"
-    n_ctx: int = Field(4096, ge=64, le=1 << 20)
-    parallel: int = Field(4, ge=1, le=256)
-    n_batch: int = Field(512, ge=16, le=65536)
-    threads: int | None = Field(None, ge=1, le=1024)
-    n_gpu_layers: int | None = Field(None, ge=-1)
+    n_ctx: int = Field(default=4096, ge=64, le=1 << 20)
+    parallel: int = Field(default=4, ge=1, le=256)
+    n_batch: int = Field(default=512, ge=16, le=65536)
+    threads: int | None = Field(default=None, ge=1, le=1024)
+    n_gpu_layers: int | None = Field(default=None, ge=-1)
     flash_attn: bool | None = None
     devices: str | None = None
     #: Use this llama-cpp-python instead of building one: a directory holding the
@@ -53,29 +53,29 @@ class EngineConfig(_Section):
 class SamplingConfig(_Section):
     """Defaults for fields a request leaves out; the request always wins."""
 
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
-    penalty_last_n: int | None = Field(None, ge=0)
-    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
+    penalty_last_n: int | None = Field(default=None, ge=0)
+    max_tokens: int | None = Field(default=None, ge=1)
 
 
 class SpeculativeConfig(_Section):
     mode: Literal["off", "ngram", "draft"] = "off"
     draft_model: str | None = None
-    k: int = Field(4, ge=1, le=32)
-    threshold: float = Field(0.0, ge=0.0, le=1.0)
+    k: int = Field(default=4, ge=1, le=32)
+    threshold: float = Field(default=0.0, ge=0.0, le=1.0)
 
 
 class Config(_Section):
-    server: ServerConfig = ServerConfig()
-    engine: EngineConfig = EngineConfig()
-    sampling: SamplingConfig = SamplingConfig()
-    speculative: SpeculativeConfig = SpeculativeConfig()
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
 
 
 SECTIONS = ("server", "engine", "sampling", "speculative")

@@ -14,7 +14,7 @@ hookimpl = pluggy.HookimplMarker("strata")
 
 
 @hookspec
-def strata_backends() -> list[Backend]:
+def strata_backends() -> list[Backend]:  # type: ignore[empty-body]
     """Return the backends this plugin provides, as instances of ``strata_core.backend.Backend``.
 
     Called once when the registry loads. Must not load native libraries or shell out:

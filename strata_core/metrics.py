@@ -40,7 +40,7 @@ class Histogram:
     def render(self) -> str:
         lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
         acc = 0
-        for bound, c in zip([*self.bounds, float("inf")], self.counts):
+        for bound, c in zip([*self.bounds, float("inf")], self.counts, strict=True):
             acc += c
             le = "+Inf" if bound == float("inf") else repr(bound)
             lines.append(f'{self.name}_bucket{{le="{le}"}} {acc}')

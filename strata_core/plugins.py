@@ -13,6 +13,7 @@ import traceback
 from dataclasses import dataclass
 from importlib import metadata
 from types import ModuleType
+from typing import cast
 
 import pluggy
 
@@ -74,7 +75,7 @@ class Registry:
         for impl in self.pm.hook.strata_backends.get_hookimpls():
             dist, version = self._origin.get(impl.plugin_name, ("?", "?"))
             try:
-                found = impl.function()
+                found = cast("list[Backend]", impl.function())
                 for backend in found:
                     if backend.api_version != API_VERSION:
                         raise BackendError(

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from strata_core.build import EngineBuild, build_key, engine_dir, find_engine
 from strata_core.backends.cpu import CpuBackend
+from strata_core.build import EngineBuild, build_key, engine_dir, find_engine
 from strata_core.config import ConfigError, load_config
 
 STRATA = [sys.executable, "-m", "strata_core.cli"]

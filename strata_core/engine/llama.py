@@ -10,10 +10,9 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
+import llama_cpp.llama_cpp as ll
 import numpy as np
 import numpy.typing as npt
-
-import llama_cpp.llama_cpp as ll
 
 
 class LlamaError(RuntimeError):

@@ -246,7 +246,7 @@ def sample(
         raise ValueError("no token is permitted: allowed / grammar mask / bias excluded all")
     if params.greedy:
         return best
-    c = apply_min_p(apply_top_p(candidates(x, params.top_k), params.top_p), params.min_p)
+    c = apply_top_p(apply_min_p(candidates(x, params.top_k), params.min_p), params.top_p)
     return draw(c, params.temperature, philox.uniform(params.seed, position, stream))
 
 

