@@ -7,6 +7,7 @@ import path holds the backend's build.
 from __future__ import annotations
 
 import ctypes
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,8 +102,9 @@ class Llama:
         cparams.n_seq_max = opts.n_seq
         cparams.kv_unified = False
         cparams.no_perf = True
-        if opts.threads:
-            cparams.n_threads = cparams.n_threads_batch = opts.threads
+        # llama.cpp's default of 4 threads oversubscribes small machines: use the cores we have.
+        threads = opts.threads or len(os.sched_getaffinity(0))
+        cparams.n_threads = cparams.n_threads_batch = threads
         if opts.flash_attn is not None:
             cparams.flash_attn_type = (
                 ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED

@@ -1,0 +1,179 @@
+"""Serving benchmark: Strata beside llama.cpp's llama-server (same pinned sources and
+flags) and llama-cpp-python's server, one after another in one run, same model, same
+slots, same prompts.
+
+    python bench/serving.py --concurrency 1 4 --requests 8 --max-tokens 128
+
+Reports per server and concurrency: aggregate output tokens/s, TTFT p50 and ITL p50
+(streamed chunks), and the ratio of Strata to each peer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.peers import llama_server  # noqa: E402
+from strata_core.backends.cpu import CpuBackend  # noqa: E402
+from strata_core.build import ensure_engine  # noqa: E402
+from strata_core.models import resolve_model  # noqa: E402
+
+PROMPTS = [
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain how a refrigerator works to a ten year old.",
+    "List ten facts about the planet Mars, one per line.",
+    "Describe the water cycle in detail.",
+    "Write a letter to a friend describing your last holiday.",
+    "What are the main causes of the French Revolution? Answer at length.",
+    "Give step by step instructions for baking bread.",
+    "Summarise the plot of a detective novel you invent.",
+]
+
+
+@dataclass
+class Result:
+    tokens: int = 0
+    ttft: list[float] = field(default_factory=list)
+    itl: list[float] = field(default_factory=list)
+    wall: float = 0.0
+
+
+async def one(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int, res: Result) -> None:
+    body = {
+        "model": "default",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    t0 = time.perf_counter()
+    last = None
+    async with client.stream("POST", url, json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            if ev.get("usage"):
+                res.tokens += ev["usage"]["completion_tokens"]
+            if ev.get("choices") and ev["choices"][0].get("delta", {}).get("content"):
+                now = time.perf_counter()
+                if last is None:
+                    res.ttft.append(now - t0)
+                else:
+                    res.itl.append(now - last)
+                last = now
+
+
+async def run_load(base: str, concurrency: int, n_requests: int, max_tokens: int) -> Result:
+    res = Result()
+    sem = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(timeout=600) as client:
+        await one(client, f"{base}/v1/chat/completions", PROMPTS[0], 8, Result())  # warm-up
+
+        async def guarded(i: int) -> None:
+            async with sem:
+                await one(client, f"{base}/v1/chat/completions", PROMPTS[i % len(PROMPTS)], max_tokens, res)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(guarded(i) for i in range(n_requests)))
+        res.wall = time.perf_counter() - t0
+    return res
+
+
+def wait_health(base: str, proc: subprocess.Popen[bytes], timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(base)
+
+
+def servers(args: argparse.Namespace, model: str, slots: int) -> dict[str, list[str]]:
+    threads = str(args.threads)
+    out = {
+        "strata": [sys.executable, "-m", "strata_core.cli", "serve", "--backend", args.backend,
+                   "--model", model, "--parallel", str(slots), "--n-ctx", str(args.n_ctx),
+                   "--port", "{port}"],
+        "llama-server": [str(llama_server(args.backend)), "-m", model, "-np", str(slots),
+                         "-c", str(args.n_ctx * slots), "-t", threads, "-tb", threads,
+                         "--port", "{port}", "--no-webui", "-ngl", str(args.ngl)],
+    }  # fmt: skip
+    if args.llama_cpp_python:
+        out["llama-cpp-python"] = [sys.executable, "-m", "llama_cpp.server", "--model", model,
+                                   "--n_ctx", str(args.n_ctx), "--n_threads", threads,
+                                   "--n_gpu_layers", str(args.ngl), "--port", "{port}"]  # fmt: skip
+    return out
+
+
+def p50(xs: list[float]) -> float:
+    return statistics.median(xs) * 1e3 if xs else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--n-ctx", type=int, default=2048)
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--ngl", type=int, default=0)
+    ap.add_argument("--llama-cpp-python", action="store_true", help="also run llama-cpp-python's server")
+    ap.add_argument("--port", type=int, default=8931)
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args()
+    model = str(resolve_model(args.model).path)
+    backend_site = ensure_engine(CpuBackend()).path if args.backend == "cpu" else None
+    slots = max(args.concurrency)
+    env = {**os.environ, "STRATA_ENGINE_THREADS": str(args.threads)}
+    if backend_site and args.llama_cpp_python:
+        env["PYTHONPATH"] = os.pathsep.join([str(backend_site), env.get("PYTHONPATH", "")])
+    table: dict[str, dict[int, dict[str, float]]] = {}
+    for name, cmd in servers(args, model, slots).items():
+        base = f"http://127.0.0.1:{args.port}"
+        cmd = [c.replace("{port}", str(args.port)) for c in cmd]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        try:
+            wait_health(base, proc)
+            for c in args.concurrency:
+                r = asyncio.run(run_load(base, c, args.requests, args.max_tokens))
+                row = {"tok_s": r.tokens / r.wall, "ttft_p50_ms": p50(r.ttft), "itl_p50_ms": p50(r.itl),
+                       "tokens": r.tokens}  # fmt: skip
+                table.setdefault(name, {})[c] = row
+                print(f"{name:<17} c={c:<3} {row['tok_s']:8.1f} tok/s  TTFT p50 {row['ttft_p50_ms']:7.1f} ms"
+                      f"  ITL p50 {row['itl_p50_ms']:6.2f} ms  ({r.tokens} tokens)", flush=True)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    for peer in [n for n in table if n != "strata"]:
+        for c in args.concurrency:
+            s, p = table["strata"][c], table[peer][c]
+            print(f"strata / {peer} c={c}: tokens/s x{s['tok_s'] / p['tok_s']:.3f}, "
+                  f"TTFT x{s['ttft_p50_ms'] / p['ttft_p50_ms']:.3f}, ITL x{s['itl_p50_ms'] / p['itl_p50_ms']:.3f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(table, indent=2))
+
+
+if __name__ == "__main__":
+    main()
