@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -100,8 +101,21 @@ def _locked(path: Path, log: Log) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def source_dir(log: Log) -> Path:
+    """The pinned source release, unpacked once into $STRATA_HOME/src. Builds keep
+    their CMake trees beside it, so peers (llama-server) build from the same tree."""
+    unpacked = strata_home() / "src" / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
+    if (unpacked / "pyproject.toml").is_file():
+        return unpacked
+    archive = fetch_source(log)
+    with tarfile.open(archive) as tar:
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(unpacked.parent, **safe)  # type: ignore[arg-type]
+    return unpacked
+
+
 def fetch_source(log: Log) -> Path:
-    """The pinned source release, downloaded once into $STRATA_HOME/src."""
+    """The pinned source archive, downloaded once into $STRATA_HOME/src."""
     src = strata_home() / "src"
     archive = src / SDIST
     if archive.is_file():
@@ -154,6 +168,9 @@ def _install(
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
     cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation"]
     cmd += ["--no-cache-dir", "-v", "--target", str(tmp_site), source]
+    if Path(source).is_dir():  # keep the CMake tree: peers build their targets from it
+        cmd += ["--config-settings", f"build-dir={d / 'build'}"]
+        meta["build_dir"] = str(d / "build")
     logfile = d / "build.log"
     started = time.monotonic()
     rc = _run_logged(cmd, env, logfile, f"building llama.cpp for {backend.name}")
@@ -204,6 +221,6 @@ def ensure_engine(backend: Backend, llama_cpp: str | None = None, log: Log = pri
             source = str(Path(llama_cpp).resolve())
             meta["source"] = source
         else:
-            source = str(fetch_source(log))
+            source = str(source_dir(log))
             log(f"building the {backend.name} engine (takes minutes; log: {d / 'build.log'})")
         return _install(backend, spec, d / "site", source, log, meta)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import pytest
 
@@ -76,7 +77,7 @@ def test_uniform_is_uniform_over_positions():
     chi2 = sum((c - expected) ** 2 / expected for c in counts)
     assert chi2 < 43.8  # chi-square, 19 degrees of freedom, p = 0.001
     # consecutive positions are not correlated (the draw for p+1 is no function of p's)
-    pairs = sum((a - 0.5) * (b - 0.5) for a, b in zip(draws, draws[1:])) / (n - 1)
+    pairs = sum((a - 0.5) * (b - 0.5) for a, b in pairwise(draws)) / (n - 1)
     assert abs(pairs) < 4 * (1 / 12) / math.sqrt(n)
 
 
@@ -84,5 +85,5 @@ def test_streams_are_independent():
     n = 10_000
     a = [uniform(7, p, 0) for p in range(n)]
     b = [uniform(7, p, 1) for p in range(n)]
-    cov = sum((x - 0.5) * (y - 0.5) for x, y in zip(a, b)) / n
+    cov = sum((x - 0.5) * (y - 0.5) for x, y in zip(a, b, strict=True)) / n
     assert abs(cov) < 4 * (1 / 12) / math.sqrt(n)

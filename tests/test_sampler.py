@@ -34,7 +34,9 @@ ROWS = {
     "peaked": _peaked(np.random.default_rng(1)),
     "flat": np.random.default_rng(2).normal(0.0, 1.0, N_VOCAB).astype(np.float32),
     # few distinct values: ties everywhere, including at every cut
-    "dup": (np.round(np.random.default_rng(3).normal(0.0, 1.5, N_VOCAB) * 2) / 2).astype(np.float32),
+    "dup": (np.round(np.random.default_rng(3).normal(0.0, 1.5, N_VOCAB) * 2) / 2).astype(
+        np.float32
+    ),
 }
 LISTS = {name: row.tolist() for name, row in ROWS.items()}
 HEAD = {name: [int(i) for i in np.argsort(-row, kind="stable")[:8]] for name, row in ROWS.items()}
@@ -92,7 +94,9 @@ def test_allowed_and_mask_intersect():
     mask = np.zeros(N_VOCAB, bool)
     mask[::2] = True
     check("flat", replace(T1, allowed=allowed), replace(T1, allowed=allowed), mask=mask)
-    assert all(t % 2 == 0 and t % 97 == 0 for t in draws("flat", replace(T1, allowed=allowed), mask=mask))
+    assert all(
+        t % 2 == 0 and t % 97 == 0 for t in draws("flat", replace(T1, allowed=allowed), mask=mask)
+    )
 
 
 def test_nothing_permitted_is_an_error():
@@ -175,7 +179,10 @@ def test_min_p(min_p):
     check("peaked", base, replace(base, min_p=min_p))
 
 
-@pytest.mark.parametrize(("row", "top_p", "top_k"), [("peaked", 0.5, 0), ("peaked", 0.9, 0), ("flat", 0.95, 0), ("flat", 0.3, 1000)])
+@pytest.mark.parametrize(
+    ("row", "top_p", "top_k"),
+    [("peaked", 0.5, 0), ("peaked", 0.9, 0), ("flat", 0.95, 0), ("flat", 0.3, 1000)],
+)
 def test_top_p(row, top_p, top_k):
     base = replace(T1, temperature=1.5, top_k=top_k)
     check(row, base, replace(base, top_p=top_p))

@@ -55,7 +55,11 @@ def llama_chain(ll: ModuleType, x: np.ndarray, p: SamplingParams, history: list[
     view = np.frombuffer(buf, TOKEN)
     view["id"], view["logit"], view["p"] = np.arange(x.size), x, 0.0
     cur = ll.llama_token_data_array(buf, x.size, -1, False)
-    stages = [ll.llama_sampler_init_penalties(x.size, p.penalty_last_n, p.penalty_repeat, p.penalty_freq, p.penalty_present)]
+    stages = [
+        ll.llama_sampler_init_penalties(
+            x.size, p.penalty_last_n, p.penalty_repeat, p.penalty_freq, p.penalty_present
+        )
+    ]
     for tok in history:
         ll.llama_sampler_accept(stages[0], tok)
     stages += [
@@ -83,7 +87,7 @@ def our_chain(x: np.ndarray, p: SamplingParams, history: list[int]):
     y = sampler.apply_penalties(x, history, p)
     c = sampler.apply_top_p(sampler.apply_min_p(sampler.candidates(y, p.top_k), p.min_p), p.top_p)
     order = np.argsort(c.ids)
-    return c.ids[order].astype(np.int64), c.logits[order] / p.temperature
+    return c.ids[order].astype(np.int64), c.logits.astype(np.float64)[order] / p.temperature
 
 
 def softmax(z: np.ndarray) -> np.ndarray:
@@ -93,19 +97,32 @@ def softmax(z: np.ndarray) -> np.ndarray:
 
 HISTORY = [int(t) for t in np.random.default_rng(9).integers(0, N_VOCAB, 100)]
 BASE = SamplingParams(temperature=1.0)
-PENALTIES = {"penalty_repeat": 1.3, "penalty_freq": 0.3, "penalty_present": 0.4, "penalty_last_n": 64}
+PENALISED = replace(
+    BASE, penalty_repeat=1.3, penalty_freq=0.3, penalty_present=0.4, penalty_last_n=64
+)
 CASES = {
     "temperature": replace(BASE, temperature=0.7),
-    "penalties": replace(BASE, temperature=0.8, **PENALTIES),
+    "penalties": replace(PENALISED, temperature=0.8),
     "top_k": replace(BASE, top_k=40),
     "top_k_large": replace(BASE, top_k=1000, temperature=1.4),
     "min_p": replace(BASE, min_p=0.05, temperature=1.3),
     "top_p": replace(BASE, top_p=0.9),
     "top_p_tight": replace(BASE, top_p=0.3, temperature=0.5),
     "min_p_then_top_p": replace(BASE, min_p=0.02, top_p=0.8, temperature=1.2),
-    "full": replace(BASE, temperature=0.8, top_k=40, min_p=0.05, top_p=0.95, **PENALTIES),
-    "full_wide": replace(BASE, temperature=1.1, top_k=5000, min_p=0.001, top_p=0.99, **PENALTIES),
+    "full": replace(PENALISED, temperature=0.8, top_k=40, min_p=0.05, top_p=0.95),
+    "full_wide": replace(PENALISED, temperature=1.1, top_k=5000, min_p=0.001, top_p=0.99),
 }
+
+
+def mass_before(x: np.ndarray, p: SamplingParams, history: list[int]) -> dict[int, float]:
+    """For each candidate entering top_p: the float64 softmax mass of those ahead of it."""
+    y = sampler.apply_penalties(x, history, p)
+    c = sampler.apply_min_p(sampler.candidates(y, p.top_k), p.min_p)
+    logits = c.logits.astype(np.float64)
+    order = np.argsort(-logits, kind="stable")
+    w = np.exp(logits[order] - logits.max())
+    ahead = (np.cumsum(w) - w) / w.sum()
+    return dict(zip(c.ids[order].tolist(), ahead.tolist(), strict=True))
 
 
 @pytest.mark.parametrize("shift", [0.0, -12.0], ids=["mixed_sign", "all_negative"])
@@ -115,16 +132,26 @@ def test_kept_candidates_and_probabilities_match_llama_cpp(ll, name, shift):
     history = HISTORY + [int(t) for t in np.argsort(-x)[:6]] * 2  # penalise the head too
     ids, logits = our_chain(x, p, history)
     ref_ids, ref_logits = llama_chain(ll, x, p, history)
+    if name not in ("temperature", "penalties"):
+        assert ids.size < N_VOCAB  # the case does cut
+    if ids.tolist() != ref_ids.tolist():
+        # llama.cpp sums top_p's running mass in float32: after n terms it can be off by
+        # about n * 2**-24, so a cut that deep may land one token apart -- and only there.
+        ahead = mass_before(x, p, history)
+        tolerance = len(ahead) * 2.0**-24
+        for tok in set(ids.tolist()) ^ set(ref_ids.tolist()):
+            assert abs(ahead[tok] - p.top_p) <= tolerance, f"token {tok} is not at the cut"
+        common = np.intersect1d(ids, ref_ids)
+        logits, ref_logits = logits[np.isin(ids, common)], ref_logits[np.isin(ref_ids, common)]
+        ids = ref_ids = common
     assert ids.tolist() == ref_ids.tolist()
     np.testing.assert_allclose(logits, ref_logits, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(softmax(logits), softmax(ref_logits), rtol=0, atol=1e-6)
-    if name != "temperature" and name != "penalties":
-        assert ids.size < N_VOCAB  # the case does cut
 
 
 def test_penalised_logits_match_llama_cpp(ll):
     x = _row(12)
-    p = replace(BASE, **PENALTIES)
+    p = PENALISED
     history = HISTORY + [int(t) for t in np.argsort(-x)[:6]] * 3
     ours = sampler.apply_penalties(x, history, p)
     ids, theirs = llama_chain(ll, x, p, history)

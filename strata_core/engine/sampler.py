@@ -115,7 +115,7 @@ def _token(name: str, text: str, n_vocab: int) -> int:
 
 class Candidates(NamedTuple):
     ids: npt.NDArray[np.intp]
-    logits: npt.NDArray[np.float64]
+    logits: npt.NDArray[np.float32]  # the adjusted row's values; weights are float64
     ordered: bool  # True: in candidate order; False: ascending id
 
 
@@ -156,23 +156,24 @@ def apply_penalties(
     return x
 
 
-def _order_keys(v: np.ndarray) -> npt.NDArray[np.uint64]:
-    """One sortable key per entry: descending value, then ascending position.
+def _first(v: np.ndarray, m: int) -> npt.NDArray[np.intp]:
+    """Positions of the m best entries of v, in candidate order (lower position wins ties).
 
-    The values are float32 (or float32 values held as float64): their bits, flipped into
-    an order-preserving unsigned form, go above the position, so a plain np.sort (SIMD,
-    no argsort) gives candidate order with ties already resolved.
+    A float partition finds the m-th value; everything at or above it (a few more than m
+    when values tie) is ordered by one int64 key per entry -- the value's float32 bits
+    made order-preserving, then the position -- so a plain np.sort (no argsort) resolves
+    the ties, and the first m keys are the answer.
     """
-    b = (v.astype(F32) + F32(0.0)).view(np.uint32)  # + 0.0 turns -0.0 into +0.0: a tie
-    ascending = np.where(b >> 31, ~b, b | np.uint32(0x80000000))
-    return ((~ascending).astype(np.uint64) << np.uint64(32)) | np.arange(v.size, dtype=np.uint64)
-
-
-def _first(keys: npt.NDArray[np.uint64], m: int) -> npt.NDArray[np.intp]:
-    """Positions of the first m entries in candidate order, in that order."""
-    head = np.partition(keys, m - 1)[:m] if m < keys.size else keys.copy()
-    head.sort()
-    return (head & np.uint64(0xFFFFFFFF)).astype(np.intp)
+    n = v.size
+    if m < n:
+        pos = np.flatnonzero(v >= np.partition(v, n - m)[n - m])
+    else:
+        pos = np.arange(n)
+    bits = (v[pos].astype(F32) + F32(0.0)).view(np.int32)  # + 0.0: -0.0 ties with +0.0
+    ascending = bits ^ ((bits >> 31) & np.int32(0x7FFFFFFF))  # signed order == float order
+    keys = ((~ascending).astype(np.int64) << 32) | pos
+    keys.sort()
+    return (keys[:m] & 0xFFFFFFFF).astype(np.intp)
 
 
 def _walk(
@@ -183,9 +184,9 @@ def _walk(
     if c.ordered:
         pos = np.arange(n)
         return pos, min(n - 1, int(np.searchsorted(np.cumsum(weights), target, side=side)))
-    keys, m = _order_keys(c.logits), min(n, _FIRST_BLOCK)
+    m = min(n, _FIRST_BLOCK)
     while True:  # most mass sits in the head: sort only as much as the walk needs
-        pos = _first(keys, m)
+        pos = _first(c.logits, m)
         i = int(np.searchsorted(np.cumsum(weights[pos]), target, side=side))
         if i < m or m == n:
             return pos, min(i, n - 1)
@@ -197,33 +198,40 @@ def _mass(c: Candidates, weights: np.ndarray) -> float:
     return float(np.cumsum(w)[-1])
 
 
+def _weights(c: Candidates, temperature: float) -> npt.NDArray[np.float64]:
+    return np.exp((c.logits.astype(np.float64) - float(c.logits.max())) / temperature)
+
+
 def candidates(x: np.ndarray, top_k: int) -> Candidates:
     """The permitted entries of x, cut to the top_k best when top_k is set."""
     if 0 < top_k < x.size:
-        ids = _first(_order_keys(x), top_k)
+        ids = _first(x, top_k)
         ids = ids[x[ids] > -np.inf]
-        return Candidates(ids, x[ids].astype(np.float64), True)
-    ids = np.flatnonzero(x > -np.inf)
-    return Candidates(ids, x[ids].astype(np.float64), False)
+        return Candidates(ids, x[ids], True)
+    permitted = x > -np.inf
+    if permitted.all():
+        return Candidates(np.arange(x.size), x, False)
+    ids = np.flatnonzero(permitted)
+    return Candidates(ids, x[ids], False)
 
 
 def apply_min_p(c: Candidates, min_p: float) -> Candidates:
     if min_p <= 0.0:
         return c
-    keep = c.logits >= c.logits.max() + math.log(min_p)
+    keep = c.logits >= np.float64(float(c.logits.max()) + math.log(min_p))  # compared in f64
     return Candidates(c.ids[keep], c.logits[keep], c.ordered)
 
 
 def apply_top_p(c: Candidates, top_p: float) -> Candidates:
     if top_p >= 1.0:
         return c
-    w = np.exp(c.logits - c.logits.max())
+    w = _weights(c, 1.0)
     pos, i = _walk(c, w, top_p * _mass(c, w), "left")
     return Candidates(c.ids[pos[: i + 1]], c.logits[pos[: i + 1]], True)
 
 
 def draw(c: Candidates, temperature: float, u: float) -> int:
-    w = np.exp((c.logits - c.logits.max()) / temperature)
+    w = _weights(c, temperature)
     pos, i = _walk(c, w, u * _mass(c, w), "right")
     return int(c.ids[pos[i]])
 
@@ -260,5 +268,5 @@ def top_logprobs(
     d = x - x.max()
     lp = d - F32(math.log(np.exp(d).sum(dtype=np.float64)))
     n = min(k, int(np.count_nonzero(lp > -np.inf)))
-    top = _first(_order_keys(lp), n) if n > 0 else np.empty(0, np.intp)
+    top = _first(lp, n) if n > 0 else np.empty(0, np.intp)
     return lp, [(int(i), float(lp[i])) for i in top]

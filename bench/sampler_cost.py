@@ -1,0 +1,80 @@
+"""What the host-side sampler costs per token, on synthetic float32 logits.
+
+    python bench/sampler_cost.py [--vocab 49152 248320] [--seconds 1.0]
+
+Rows are LLM-shaped (a noisy tail plus a head of 40 tokens holding most of the mass), a
+fresh row every call from a pool, with a 512-token history; position advances every call.
+Prints the median and 90th percentile microseconds per sample() call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from strata_core.engine.sampler import SamplingParams, sample, top_logprobs
+
+CONFIGS = {
+    "greedy (default request)": SamplingParams(),
+    "full chain: T0.8 top_k40 top_p0.95 + penalties/64": SamplingParams(
+        temperature=0.8,
+        top_k=40,
+        top_p=0.95,
+        penalty_repeat=1.1,
+        penalty_freq=0.2,
+        penalty_present=0.2,
+        penalty_last_n=64,
+        seed=1,
+    ),
+    "greedy + penalties/64": SamplingParams(penalty_repeat=1.1, penalty_last_n=64),
+    "T0.8 (no cut)": SamplingParams(temperature=0.8, seed=1),
+    "T0.8 top_p0.95 (no top_k)": SamplingParams(temperature=0.8, top_p=0.95, seed=1),
+    "T0.8 min_p0.05": SamplingParams(temperature=0.8, min_p=0.05, seed=1),
+}
+
+
+def rows(n_vocab: int, count: int, rng: np.random.Generator) -> list[np.ndarray]:
+    out = []
+    for _ in range(count):
+        x = rng.normal(0.0, 2.0, n_vocab).astype(np.float32)
+        x[rng.choice(n_vocab, 40, replace=False)] = rng.uniform(10.0, 18.0, 40).astype(np.float32)
+        out.append(x)
+    return out
+
+
+def measure(fn, pool: list[np.ndarray], seconds: float) -> list[float]:
+    times: list[float] = []
+    deadline = time.perf_counter() + seconds
+    i = 0
+    while time.perf_counter() < deadline or len(times) < 20:
+        x = pool[i % len(pool)]
+        t0 = time.perf_counter_ns()
+        fn(x, i)
+        times.append((time.perf_counter_ns() - t0) / 1e3)
+        i += 1
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--vocab", type=int, nargs="+", default=[49_152, 248_320])
+    ap.add_argument("--seconds", type=float, default=1.0)
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    print(f"numpy {np.__version__}; microseconds per token: median (p90)")
+    for n_vocab in args.vocab:
+        pool = rows(n_vocab, 8, rng)
+        history = rng.integers(0, n_vocab, 512).tolist()
+        print(f"\nn_vocab = {n_vocab:,}")
+        for name, params in CONFIGS.items():
+            t = measure(lambda x, i, p=params: sample(x, p, history, i), pool, args.seconds)
+            print(f"  {name:<52} {statistics.median(t):9.1f} ({np.percentile(t, 90):9.1f})")
+        t = measure(lambda x, i: top_logprobs(x, 20), pool, args.seconds)
+        print(f"  {'top_logprobs(k=20)':<52} {statistics.median(t):9.1f} ({np.percentile(t, 90):9.1f})")
+
+
+if __name__ == "__main__":
+    main()

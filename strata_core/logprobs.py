@@ -1,0 +1,313 @@
+"""Token stream to OpenAI logprob entries, aligned exactly with the reply's text.
+
+Rules (the server relies on them; tests/test_logprobs.py checks each):
+
+* An entry's ``token`` is the text its token completes under incremental UTF-8
+  decoding (``text.Detokenizer``'s rule). A character split across tokens belongs to the
+  token that finishes it; the earlier tokens' ``token`` is ``""``. So the entries'
+  tokens joined spell the text exactly.
+* An entry's ``bytes`` are the token's own raw bytes, so the entries' bytes joined are
+  the text's bytes and decode to it exactly.
+* The caller says which part of the generated text an answer shows, as a character span
+  ``[start, end)`` of ``Aligner.text`` (``content`` after ``</think>\\n\\n``, content cut
+  by a stop string, ...). An entry is kept when its token gives the span a byte or a
+  character; a token cut by a span edge keeps only its part inside the span, in
+  ``token`` and in ``bytes`` alike. OpenAI and vLLM drop a token a stop string cuts; we
+  keep its part before the cut, because that is the rule under which the entries still
+  spell the content exactly. Tokens that give the span nothing (``</think>``, the
+  newlines after it, an empty piece, bytes of a character the span leaves out) are left
+  out. The stop token never reaches us: the engine does not emit it.
+* ``top`` alternatives are the engine's, sorted by logprob (ties to the lower id), at
+  most ``top_k`` (``()`` for 0). An alternative's ``token`` is its own piece decoded
+  alone with ``errors="replace"`` (as OpenAI and vLLM do), so a piece that is part of a
+  character reads as U+FFFD; its ``bytes`` are the exact truth. The chosen token in its
+  own ``top`` therefore may read differently from the entry's ``token``: match by
+  ``bytes``. A span cut changes the entry's ``token``/``bytes``, never its ``top``.
+* Logprobs that JSON cannot carry (``-inf`` after ``allowed`` renormalisation) and a
+  token without an ``LP`` line are written as -9999.0, OpenAI's "very unlikely" value.
+* Streaming (``Span``): an entry is handed out once, with the chunk whose text completes
+  its token; a token cut by where the text released so far ends waits for the next
+  chunk. Over the whole stream the entries spell the text; one chunk's entries need not
+  spell that chunk.
+"""
+
+from __future__ import annotations
+
+import codecs
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from strata_core.protocol import Logprob
+
+MAX_TOP = 20
+UNLIKELY = -9999.0  # OpenAI's logprob for "very unlikely"; JSON has no -inf
+
+
+def _json_lp(x: float) -> float:
+    return x if math.isfinite(x) else UNLIKELY
+
+
+class Alt(NamedTuple):
+    """One ``top_logprobs`` alternative."""
+
+    token: str
+    logprob: float
+    bytes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One ``choices[i].logprobs.content`` entry."""
+
+    id: int
+    token: str
+    logprob: float
+    bytes: tuple[int, ...]
+    top: tuple[Alt, ...]
+
+    def chat(self) -> dict[str, Any]:
+        return {
+            "token": self.token,
+            "logprob": _json_lp(self.logprob),
+            "bytes": list(self.bytes),
+            "top_logprobs": [
+                {"token": a.token, "logprob": _json_lp(a.logprob), "bytes": list(a.bytes)}
+                for a in self.top
+            ],
+        }
+
+
+@dataclass(slots=True)
+class _Tok:
+    id: int
+    lp: Logprob | None
+    b0: int  # its bytes: raw[b0:b1]
+    b1: int
+    c0: int  # the characters it completes: text[c0:c1]
+    c1: int
+
+
+def _utf8_len(ch: str) -> int:
+    o = ord(ch)
+    return 1 if o < 0x80 else 2 if o < 0x800 else 3 if o < 0x10000 else 4
+
+
+def _char_ends(data: bytes, n: int, base: int) -> list[int]:
+    """Byte offsets (plus ``base``) where each of the first ``n`` characters that
+    ``data.decode("utf-8", "replace")`` makes ends; a U+FFFD covers the bytes of its
+    error, as the ``replace`` handler resumes at the error's end."""
+    ends: list[int] = []
+    pos = 0
+    while len(ends) < n:
+        try:
+            data[pos:].decode("utf-8")
+            good, bad_end = len(data), -1
+        except UnicodeDecodeError as exc:
+            good, bad_end = pos + exc.start, pos + exc.end
+        for ch in data[pos:good].decode("utf-8"):
+            pos += _utf8_len(ch)
+            ends.append(base + pos)
+            if len(ends) == n:
+                return ends
+        if bad_end < 0:
+            raise AssertionError(f"asked for {n} characters, the bytes hold {len(ends)}")
+        pos = bad_end
+        ends.append(base + pos)
+    return ends
+
+
+class Aligner:
+    """Decodes one choice's tokens and keeps what it needs to align logprob entries.
+
+    ``add`` returns the text a token completes (as ``Detokenizer.feed``), so the aligner
+    can be the choice's decoder; ``flush`` at the end (as ``Detokenizer.flush``).
+    ``entries(start, end)`` gives the entries spelling ``text[start:end]``.
+    """
+
+    def __init__(self, pieces: Sequence[bytes], top_k: int = 0) -> None:
+        if not 0 <= top_k <= MAX_TOP:
+            raise ValueError(f"top_k = {top_k} is out of range (expected 0..{MAX_TOP})")
+        self.pieces = pieces
+        self.top_k = top_k
+        self._dec = codecs.getincrementaldecoder("utf-8")("replace")
+        self._raw = bytearray()
+        self._ends: list[int] = []  # byte offset where each character of the text ends
+        self._parts: list[str] = []
+        self._text = ""
+        self._toks: list[_Tok] = []
+        self._flushed = False
+
+    @property
+    def text(self) -> str:
+        """Everything decoded so far."""
+        if len(self._text) != len(self._ends):
+            self._text = "".join(self._parts)
+        return self._text
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def _piece(self, token_id: int) -> bytes:
+        if not 0 <= token_id < len(self.pieces):
+            raise ValueError(
+                f"token id {token_id} is out of range "
+                f"(the vocabulary has {len(self.pieces)} pieces)"
+            )
+        return self.pieces[token_id]
+
+    def _decoded(self, text: str) -> None:
+        if text:
+            start = self._ends[-1] if self._ends else 0
+            self._ends += _char_ends(bytes(self._raw[start:]), len(text), start)
+            self._parts.append(text)
+
+    def add(self, token_id: int, lp: Logprob | None = None) -> str:
+        """Take the next emitted token; return the text it completes."""
+        if self._flushed:
+            raise RuntimeError("add() after flush(): the choice's text is already complete")
+        piece = self._piece(token_id)
+        b0, c0 = len(self._raw), len(self._ends)
+        self._raw += piece
+        text = self._dec.decode(piece)
+        self._decoded(text)
+        self._toks.append(_Tok(token_id, lp, b0, len(self._raw), c0, len(self._ends)))
+        return text
+
+    def flush(self) -> str:
+        """End of the choice: the text of bytes still waiting for the rest of a character
+        (U+FFFD); it belongs to the last token that has bytes."""
+        if self._flushed:
+            return ""
+        self._flushed = True
+        text = self._dec.decode(b"", final=True)
+        if not text:
+            return text
+        n = len(self._ends)
+        self._decoded(text)
+        owner = max(i for i, t in enumerate(self._toks) if t.b1 > t.b0)
+        self._toks[owner].c1 = len(self._ends)
+        for t in self._toks[owner + 1 :]:  # empty pieces after it
+            t.c0 = t.c1 = len(self._ends)
+        assert self._toks[owner].c0 <= n
+        return text
+
+    def _byte_at(self, c: int) -> int:
+        return self._ends[c - 1] if c else 0
+
+    def _check(self, start: int, end: int | None) -> int:
+        n = len(self._ends)
+        end = n if end is None else end
+        if not 0 <= start <= end <= n:
+            raise ValueError(
+                f"span [{start}, {end}) is not inside the text "
+                f"(expected 0 <= start <= end <= {n})"
+            )
+        return end
+
+    def _entry(self, t: _Tok, start: int, end: int) -> Entry | None:
+        lo, hi = max(t.b0, self._byte_at(start)), min(t.b1, self._byte_at(end))
+        c0, c1 = max(t.c0, start), min(t.c1, end)
+        if lo >= hi and c0 >= c1:
+            return None
+        raw = bytes(self._raw[lo:hi]) if lo < hi else b""
+        lp = t.lp
+        top: tuple[Alt, ...] = ()
+        if lp is not None and self.top_k:
+            best = sorted(lp.top, key=lambda a: (-a[1], a[0]))[: self.top_k]
+            top = tuple(self._alt(i, v) for i, v in best)
+        return Entry(
+            id=t.id,
+            token=self.text[c0:c1] if c0 < c1 else "",
+            logprob=UNLIKELY if lp is None else lp.logprob,
+            bytes=tuple(raw),
+            top=top,
+        )
+
+    def _alt(self, token_id: int, logprob: float) -> Alt:
+        piece = self._piece(token_id)
+        return Alt(piece.decode("utf-8", "replace"), logprob, tuple(piece))
+
+    def _span_entries(self, toks: Iterable[_Tok], start: int, end: int) -> list[Entry]:
+        out = []
+        for t in toks:
+            e = self._entry(t, start, end)
+            if e is not None:
+                out.append(e)
+        return out
+
+    def entries(self, start: int = 0, end: int | None = None) -> list[Entry]:
+        """The entries spelling ``text[start:end]`` exactly (``end`` None: to the end)."""
+        end = self._check(start, end)
+        return self._span_entries(self._toks, start, end)
+
+
+class Span:
+    """Hands out the entries of one growing span of an aligner's text while streaming.
+
+    ``take(end)`` when ``text[start:end]`` has been released: the entries of tokens
+    whose text is now complete, each once; ``close(end)`` when the span ends at ``end``
+    (a stop string, end of the choice): the rest, the last one cut at ``end``.
+    """
+
+    def __init__(self, aligner: Aligner, start: int = 0) -> None:
+        aligner._check(start, None)
+        self.aligner = aligner
+        self.start = start
+        self._next = 0  # the first token not handed out yet
+        self._closed = False
+
+    def take(self, end: int) -> list[Entry]:
+        a = self.aligner
+        end = self._advance(end)
+        stop = self._next
+        be = a._byte_at(end)
+        while stop < len(a._toks) and a._toks[stop].b1 <= be and a._toks[stop].c1 <= end:
+            stop += 1
+        out = a._span_entries(a._toks[self._next : stop], self.start, end)
+        self._next = stop
+        return out
+
+    def close(self, end: int | None = None) -> list[Entry]:
+        a = self.aligner
+        end = self._advance(len(a) if end is None else end)
+        out = a._span_entries(a._toks[self._next :], self.start, end)
+        self._next = len(a._toks)
+        self._closed = True
+        return out
+
+    def _advance(self, end: int) -> int:
+        if self._closed:
+            raise RuntimeError("the span is closed")
+        end = self.aligner._check(self.start, end)
+        return end
+
+
+def legacy(entries: Sequence[Entry], text_offset0: int = 0) -> dict[str, list[Any]]:
+    """``/v1/completions`` logprobs: four arrays of equal length.
+
+    ``top_logprobs`` maps each alternative's token text to its logprob, at most the
+    aligner's ``top_k``; when two alternatives read the same (two pieces of one
+    character both read U+FFFD) the more likely one keeps the key. ``text_offset`` is
+    each token's character offset in the text, from ``text_offset0`` (the prompt's length
+    with ``echo``); it does not decrease, and a token that completes no character has
+    the offset of the next one.
+    """
+    offsets = []
+    at = text_offset0
+    for e in entries:
+        offsets.append(at)
+        at += len(e.token)
+    tops: list[dict[str, float]] = []
+    for e in entries:
+        top: dict[str, float] = {}
+        for a in e.top:
+            top.setdefault(a.token, _json_lp(a.logprob))
+        tops.append(top)
+    return {
+        "tokens": [e.token for e in entries],
+        "token_logprobs": [_json_lp(e.logprob) for e in entries],
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }
