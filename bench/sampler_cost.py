@@ -70,10 +70,12 @@ def main() -> None:
         history = rng.integers(0, n_vocab, 512).tolist()
         print(f"\nn_vocab = {n_vocab:,}")
         for name, params in CONFIGS.items():
-            t = measure(lambda x, i, p=params: sample(x, p, history, i), pool, args.seconds)
+            t = measure(lambda x, i, p=params, h=history: sample(x, p, h, i), pool, args.seconds)
             print(f"  {name:<52} {statistics.median(t):9.1f} ({np.percentile(t, 90):9.1f})")
         t = measure(lambda x, i: top_logprobs(x, 20), pool, args.seconds)
-        print(f"  {'top_logprobs(k=20)':<52} {statistics.median(t):9.1f} ({np.percentile(t, 90):9.1f})")
+        print(
+            f"  {'top_logprobs(k=20)':<52} {statistics.median(t):9.1f} ({np.percentile(t, 90):9.1f})"
+        )
 
 
 if __name__ == "__main__":

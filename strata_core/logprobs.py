@@ -85,8 +85,9 @@ class _Tok:
     lp: Logprob | None
     b0: int  # its bytes: raw[b0:b1]
     b1: int
-    c0: int  # the characters it completes: text[c0:c1]
+    c0: int  # the characters it completes: text[c0:c1] == text
     c1: int
+    text: str
 
 
 def _utf8_len(ch: str) -> int:
@@ -172,7 +173,7 @@ class Aligner:
         self._raw += piece
         text = self._dec.decode(piece)
         self._decoded(text)
-        self._toks.append(_Tok(token_id, lp, b0, len(self._raw), c0, len(self._ends)))
+        self._toks.append(_Tok(token_id, lp, b0, len(self._raw), c0, len(self._ends), text))
         return text
 
     def flush(self) -> str:
@@ -184,13 +185,12 @@ class Aligner:
         text = self._dec.decode(b"", final=True)
         if not text:
             return text
-        n = len(self._ends)
         self._decoded(text)
         owner = max(i for i, t in enumerate(self._toks) if t.b1 > t.b0)
         self._toks[owner].c1 = len(self._ends)
+        self._toks[owner].text += text
         for t in self._toks[owner + 1 :]:  # empty pieces after it
             t.c0 = t.c1 = len(self._ends)
-        assert self._toks[owner].c0 <= n
         return text
 
     def _byte_at(self, c: int) -> int:
@@ -219,7 +219,7 @@ class Aligner:
             top = tuple(self._alt(i, v) for i, v in best)
         return Entry(
             id=t.id,
-            token=self.text[c0:c1] if c0 < c1 else "",
+            token=t.text[c0 - t.c0 : c1 - t.c0] if c0 < c1 else "",
             logprob=UNLIKELY if lp is None else lp.logprob,
             bytes=tuple(raw),
             top=top,
@@ -260,10 +260,11 @@ class Span:
 
     def take(self, end: int) -> list[Entry]:
         a = self.aligner
-        end = self._advance(end)
+        end = self._valid_end(end)
         stop = self._next
         be = a._byte_at(end)
-        while stop < len(a._toks) and a._toks[stop].b1 <= be and a._toks[stop].c1 <= end:
+        # a token's characters end within its bytes, so its bytes ending by `be` suffice
+        while stop < len(a._toks) and a._toks[stop].b1 <= be:
             stop += 1
         out = a._span_entries(a._toks[self._next : stop], self.start, end)
         self._next = stop
@@ -271,17 +272,16 @@ class Span:
 
     def close(self, end: int | None = None) -> list[Entry]:
         a = self.aligner
-        end = self._advance(len(a) if end is None else end)
+        end = self._valid_end(len(a) if end is None else end)
         out = a._span_entries(a._toks[self._next :], self.start, end)
         self._next = len(a._toks)
         self._closed = True
         return out
 
-    def _advance(self, end: int) -> int:
+    def _valid_end(self, end: int) -> int:
         if self._closed:
-            raise RuntimeError("the span is closed")
-        end = self.aligner._check(self.start, end)
-        return end
+            raise RuntimeError("the span is closed: close() hands out its last entries")
+        return self.aligner._check(self.start, end)
 
 
 def legacy(entries: Sequence[Entry], text_offset0: int = 0) -> dict[str, list[Any]]:

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from strata_core.backends.cpu import CpuBackend
 from strata_core.build import EngineBuild, ensure_engine
 from strata_core.config import load_config
 from strata_core.models import default_model_path
+from strata_core.testing.harness import Server
 
 
 @pytest.fixture(scope="session")
@@ -35,46 +31,6 @@ def llama_cpp_site(cpu_engine: EngineBuild) -> Path:
 @pytest.fixture(scope="session")
 def default_model() -> Path:
     return default_model_path()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        cmd = [sys.executable, "-m", "strata_core.cli", "serve", "--port", str(self.port), *args]
-        self.proc = subprocess.Popen(
-            cmd,
-            stdout=open(log, "w"),
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-        )
-
-    def wait_ready(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.base}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"server not ready: {self.log.read_text()[-3000:]}")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
 
 
 @pytest.fixture(scope="session")

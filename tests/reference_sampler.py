@@ -9,6 +9,9 @@ vectorised numpy, one token at a time:
   sum in candidate order (explicit loops: Python 3.12's sum() compensates);
 - the draw returns the first candidate whose running mass exceeds u * normaliser, or the
   last candidate if rounding leaves none.
+Weights use math.exp. Where numpy's float64 exp is glibc's (x86-64 without AVX-512) the
+two agree bit for bit; numpy's AVX-512 exp may differ by one ulp, which can only matter
+for a draw or cut that lands within ~1e-16 of a boundary.
 """
 
 from __future__ import annotations

@@ -1,13 +1,18 @@
 """The sampling chain, on one float32 host logits row (numpy).
 
 Order (DESIGN.md): logit bias -> allowed / grammar mask -> penalties -> top_k -> min_p ->
-top_p -> temperature -> draw. Arithmetic contract, mirrored by tests/reference_sampler.py:
-bias, mask and penalties adjust the float32 row in float32 (as llama.cpp does); everything
-after is float64. Candidates are ordered by descending logit, ties to the lower id. A
-normaliser is summed sequentially in ascending id order (so it needs no sort of the
-vocabulary); running masses are summed sequentially in candidate order. The draw takes
-u = philox.uniform(seed, position, stream) and returns the first candidate whose running
-mass exceeds u * normaliser (the last candidate if rounding leaves none).
+top_p -> temperature -> draw; temperature 0 is argmax (ties to the lower id) after the
+first three, and a request with no keys is one argmax over the raw row.
+
+Arithmetic contract, spelled out one token at a time by tests/reference_sampler.py:
+bias, mask and penalties adjust the row in float32 (as llama.cpp does); thresholds and
+weights are float64 (weight = exp((logit - head) / T)). Candidates are ordered by
+descending logit, ties to the lower id. A normaliser is summed sequentially in ascending
+id order, so the vocabulary never needs a full sort; running masses are summed
+sequentially in candidate order. top_p keeps the shortest prefix whose running mass
+reaches top_p * normaliser; the draw takes u = philox.uniform(seed, position, stream) and
+returns the first candidate whose running mass exceeds u * normaliser (the last one if
+rounding leaves none).
 """
 
 from __future__ import annotations

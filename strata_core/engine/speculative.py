@@ -13,6 +13,8 @@ Two kinds of drafts (DESIGN.md, "Speculative decoding"):
   rejection and NULL emit a sample of r = (p - mu)+ / sum((p - mu)+). Then
   P(emit x) = min(p, mu)(x) + (1 - sum(min(p, mu))) * r(x) = min(p, mu)(x) + (p - mu)+(x)
   = p(x), since 1 - sum(min(p, mu)) = sum(p - min(p, mu)) = sum((p - mu)+).
+  The proof holds for any admitted set; reference/002 does not say whether a q equal to
+  tau passes, and ``admitted`` (q >= tau) is our choice.
 
 p is the distribution the target actually samples from (after its whole sampling chain).
 Every function takes its rows as numpy arrays or Python sequences; a row of Fractions
@@ -50,13 +52,17 @@ class WindowResult(NamedTuple):
     token: int  # the token emitted after them
 
 
-def ngram_draft(tokens: Sequence[int] | np.ndarray, k: int, n_max: int = 3, n_min: int = 1) -> list[int]:
+def ngram_draft(
+    tokens: Sequence[int] | np.ndarray, k: int, n_max: int = 3, n_min: int = 1
+) -> list[int]:
     """Up to k tokens that followed the most recent earlier occurrence of the longest
     suffix n-gram of tokens (n from n_max down to n_min); [] when none occurs."""
     if k < 0:
         raise ValueError(f"k={k} is out of range: expected >= 0")
     if not 1 <= n_min <= n_max:
-        raise ValueError(f"n_min={n_min}, n_max={n_max} are out of range: expected 1 <= n_min <= n_max")
+        raise ValueError(
+            f"n_min={n_min}, n_max={n_max} are out of range: expected 1 <= n_min <= n_max"
+        )
     a = np.asarray(tokens, dtype=np.int64)
     if k == 0 or a.size <= n_min:
         return []
@@ -86,7 +92,7 @@ def verify_exact(target_samples: Sequence[int], draft: Sequence[int]) -> int:
             f"{len(target_samples)} target samples for {len(draft)} draft tokens: "
             "expected one per draft token plus the row after them"
         )
-    for n, (t, d) in enumerate(zip(target_samples, draft)):
+    for n, (t, d) in enumerate(zip(target_samples, draft, strict=False)):
         if t != d:
             return n
     return len(draft)
@@ -165,7 +171,9 @@ def verify_window(
     if len(q_rows) != len(drafted):
         raise ValueError(f"{len(q_rows)} q rows for {len(drafted)} proposals: expected one each")
     if len(p_rows) != offered + 1:
-        raise ValueError(f"{len(p_rows)} p rows for {offered} offered tokens: expected {offered + 1}")
+        raise ValueError(
+            f"{len(p_rows)} p rows for {offered} offered tokens: expected {offered + 1}"
+        )
     if tau < 0:
         raise ValueError(f"tau={tau} is out of range: expected >= 0")
     for i, x in enumerate(drafted):

@@ -1,0 +1,121 @@
+"""Start real engines and servers for tests: an engine process spoken to line by line,
+and ``strata serve`` on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from strata_core import protocol as proto
+from strata_core.backend import Backend
+from strata_core.build import EngineBuild
+from strata_core.config import EngineConfig
+from strata_core.reader import engine_command
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class EngineProcess:
+    """An engine process driven directly over the protocol, for protocol-level checks."""
+
+    def __init__(self, backend: Backend, build: EngineBuild, model: Path, parallel: int = 2) -> None:
+        d = backend.engine_defaults()
+        cmd = engine_command(
+            str(model), site=str(build.path), env=backend.engine_env(EngineConfig()), n_ctx=1024,
+            parallel=parallel, n_batch=256, threads=None, n_gpu_layers=d.n_gpu_layers,
+            flash_attn=d.flash_attn, backend=backend.name,
+        )  # fmt: skip
+        self.proc = subprocess.Popen(
+            list(cmd.argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            env={**os.environ, **cmd.env}, text=True, bufsize=1,
+        )  # fmt: skip
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.ready = self.expect(proto.Ready, timeout=300)
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def send(self, cmd: proto.Command) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(proto.encode_command(cmd) + "\n")
+        self.proc.stdin.flush()
+
+    def next_event(self, timeout: float = 120) -> proto.Event:
+        line = self.lines.get(timeout=timeout)
+        if line is None:
+            raise EOFError("the engine exited")
+        return proto.parse_event(line)
+
+    def expect(self, kind: type, timeout: float = 120) -> proto.Event:
+        ev = self.next_event(timeout)
+        if not isinstance(ev, kind):
+            raise AssertionError(f"expected {kind.__name__}, got {ev!r}")
+        return ev
+
+    def run(self, rid: str, prompt: list[int], **keys: object) -> list[proto.Event]:
+        """Send one GEN and collect its events up to and including DONE."""
+        self.send(proto.Gen(rid, {k: str(v) for k, v in keys.items()}, tuple(prompt)))
+        events: list[proto.Event] = []
+        while True:
+            ev = self.next_event()
+            if getattr(ev, "rid", None) == rid:
+                events.append(ev)
+                if isinstance(ev, proto.Done):
+                    return events
+
+    def close(self) -> None:
+        try:
+            self.send(proto.Quit())
+            self.proc.wait(30)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+
+
+class Server:
+    """``strata serve`` in a subprocess on a free loopback port."""
+
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        cmd = [sys.executable, "-m", "strata_core.cli", "serve", "--port", str(self.port), *args]
+        with open(log, "w") as out:
+            self.proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+            )
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.base}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"server not ready: {self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()

@@ -1,0 +1,161 @@
+"""Small GGUF models for tests and benchmarks, written with the ``gguf`` package.
+
+- ``tokenizer``: a vocabulary-only copy of a model (its tokenizer and chat template).
+- ``random``: a Llama-shaped model with random F16 weights carrying a real tokenizer,
+  at any size (shapes below); the same seed gives the same file.
+- ``truncate``: a model keeping only its first layers, e.g. a draft model for
+  self-speculation that shares the vocabulary.
+
+    python -m strata_core.testing.models random --tokenizer tok.gguf --shape 1b out.gguf
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import gguf
+import numpy as np
+
+
+class Shape(NamedTuple):
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+
+
+SHAPES = {
+    "tiny": Shape(64, 2, 4, 2, 128),
+    "135m": Shape(576, 30, 9, 3, 1536),
+    "1b": Shape(2048, 16, 32, 8, 8192),
+    "8b": Shape(4096, 32, 32, 8, 14336),
+}
+
+
+def _copy_fields(reader: gguf.GGUFReader, writer: gguf.GGUFWriter, keep: Iterable[str]) -> None:
+    prefixes = tuple(keep)
+    for key, field in reader.fields.items():
+        if not key.startswith(prefixes) or not field.types:
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.contents(), vtype, sub_type=sub)
+
+
+def _arch_fields(reader: gguf.GGUFReader) -> str:
+    arch = reader.fields["general.architecture"].contents()
+    assert isinstance(arch, str)
+    return arch
+
+
+def write_tokenizer(src: Path, dst: Path) -> None:
+    """A vocabulary-only GGUF: the tokenizer and chat template of ``src``, no tensors."""
+    reader = gguf.GGUFReader(src)
+    writer = gguf.GGUFWriter(dst, _arch_fields(reader))
+    _copy_fields(reader, writer, ["tokenizer."])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def write_random(tokenizer: Path, dst: Path, shape: Shape, seed: int = 0, n_ctx: int = 8192) -> None:
+    """A Llama of ``shape`` with random F16 weights and ``tokenizer``'s vocabulary."""
+    reader = gguf.GGUFReader(tokenizer)
+    n_vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    writer = gguf.GGUFWriter(dst, "llama")
+    writer.add_name(f"strata-random-{shape.n_layer}x{shape.n_embd}")
+    writer.add_context_length(n_ctx)
+    writer.add_embedding_length(shape.n_embd)
+    writer.add_block_count(shape.n_layer)
+    writer.add_feed_forward_length(shape.n_ff)
+    writer.add_head_count(shape.n_head)
+    writer.add_head_count_kv(shape.n_head_kv)
+    writer.add_rope_dimension_count(shape.n_embd // shape.n_head)
+    writer.add_rope_freq_base(100000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(n_vocab)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    _copy_fields(reader, writer, ["tokenizer."])
+    rng = np.random.default_rng(seed)
+    hd = shape.n_embd // shape.n_head
+    e, kv, ff = shape.n_embd, shape.n_head_kv * hd, shape.n_ff
+
+    def w(rows: int, cols: int) -> np.ndarray[Any, Any]:
+        scale = 1.0 / np.sqrt(cols)
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * scale).astype(np.float16)
+
+    ones = np.ones(e, dtype=np.float32)
+    writer.add_tensor("token_embd.weight", w(n_vocab, e))
+    writer.add_tensor("output_norm.weight", ones)
+    for i in range(shape.n_layer):
+        b = f"blk.{i}."
+        writer.add_tensor(b + "attn_norm.weight", ones)
+        writer.add_tensor(b + "attn_q.weight", w(e, e))
+        writer.add_tensor(b + "attn_k.weight", w(kv, e))
+        writer.add_tensor(b + "attn_v.weight", w(kv, e))
+        writer.add_tensor(b + "attn_output.weight", w(e, e))
+        writer.add_tensor(b + "ffn_norm.weight", ones)
+        writer.add_tensor(b + "ffn_gate.weight", w(ff, e))
+        writer.add_tensor(b + "ffn_up.weight", w(ff, e))
+        writer.add_tensor(b + "ffn_down.weight", w(e, ff))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def write_truncated(src: Path, dst: Path, n_layers: int) -> None:
+    """``src`` with only its first ``n_layers`` blocks, tensors copied as they are."""
+    reader = gguf.GGUFReader(src)
+    arch = _arch_fields(reader)
+    writer = gguf.GGUFWriter(dst, arch)
+    skip = {"general.architecture", f"{arch}.block_count"}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key in skip or not field.types:
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.contents(), vtype, sub_type=sub)
+    writer.add_block_count(n_layers)
+    for t in reader.tensors:
+        if t.name.startswith("blk.") and int(t.name.split(".")[1]) >= n_layers:
+            continue
+        # For quantised types t.data holds bytes per row; the writer derives the shape.
+        writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m strata_core.testing.models")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("tokenizer")
+    p.add_argument("src", type=Path)
+    p.add_argument("dst", type=Path)
+    p = sub.add_parser("random")
+    p.add_argument("--tokenizer", type=Path, required=True)
+    p.add_argument("--shape", choices=sorted(SHAPES), default="135m")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("dst", type=Path)
+    p = sub.add_parser("truncate")
+    p.add_argument("src", type=Path)
+    p.add_argument("dst", type=Path)
+    p.add_argument("--layers", type=int, required=True)
+    a = ap.parse_args(argv)
+    if a.cmd == "tokenizer":
+        write_tokenizer(a.src, a.dst)
+    elif a.cmd == "random":
+        write_random(a.tokenizer, a.dst, SHAPES[a.shape], a.seed)
+    else:
+        write_truncated(a.src, a.dst, a.layers)
+
+
+if __name__ == "__main__":
+    main()
