@@ -79,6 +79,9 @@ class Backend(ABC):
     api_version: ClassVar[int] = API_VERSION
     #: True once a conformance run on real hardware is recorded in docs/backends/<name>.md.
     verified_on_hardware: ClassVar[bool] = False
+    #: Conformance tests this backend is known to fail: test name -> why. The kit marks
+    #: them as expected failures (strict), so they are reported, never skipped.
+    expected_failures: ClassVar[Mapping[str, str]] = {}
 
     @abstractmethod
     def probe(self) -> Probe:
