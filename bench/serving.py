@@ -26,9 +26,9 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.peers import llama_server  # noqa: E402
-from strata_core.backends.cpu import CpuBackend  # noqa: E402
 from strata_core.build import ensure_engine  # noqa: E402
 from strata_core.models import resolve_model  # noqa: E402
+from strata_core.plugins import load_registry  # noqa: E402
 
 PROMPTS = [
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -108,15 +108,16 @@ def wait_health(base: str, proc: subprocess.Popen[bytes], timeout: float = 300) 
     raise TimeoutError(base)
 
 
-def servers(args: argparse.Namespace, model: str, slots: int) -> dict[str, list[str]]:
+def servers(args: argparse.Namespace, model: str, slots: int, flash_attn: bool) -> dict[str, list[str]]:
     threads = str(args.threads)
+    fa = "on" if flash_attn else "off"
     out = {
         "strata": [sys.executable, "-m", "strata_core.cli", "serve", "--backend", args.backend,
                    "--model", model, "--parallel", str(slots), "--n-ctx", str(args.n_ctx),
                    "--port", "{port}"],
         "llama-server": [str(llama_server(args.backend)), "-m", model, "-np", str(slots),
                          "-c", str(args.n_ctx * slots), "-t", threads, "-tb", threads,
-                         "--port", "{port}", "--no-webui", "-ngl", str(args.ngl)],
+                         "--port", "{port}", "--no-webui", "-ngl", str(args.ngl), "-fa", fa],
     }  # fmt: skip
     if args.llama_cpp_python:
         out["llama-cpp-python"] = [sys.executable, "-m", "llama_cpp.server", "--model", model,
@@ -138,19 +139,20 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--n-ctx", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    ap.add_argument("--ngl", type=int, default=0)
+    ap.add_argument("--ngl", type=int, default=0, help="layers on the GPU for the peers (Strata uses the backend's default)")
     ap.add_argument("--llama-cpp-python", action="store_true", help="also run llama-cpp-python's server")
     ap.add_argument("--port", type=int, default=8931)
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
     model = str(resolve_model(args.model).path)
-    backend_site = ensure_engine(CpuBackend()).path if args.backend == "cpu" else None
+    backend = load_registry().get(args.backend)
+    site = ensure_engine(backend).path
     slots = max(args.concurrency)
     env = {**os.environ, "STRATA_ENGINE_THREADS": str(args.threads)}
-    if backend_site and args.llama_cpp_python:
-        env["PYTHONPATH"] = os.pathsep.join([str(backend_site), env.get("PYTHONPATH", "")])
+    if args.llama_cpp_python:
+        env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
     table: dict[str, dict[int, dict[str, float]]] = {}
-    for name, cmd in servers(args, model, slots).items():
+    for name, cmd in servers(args, model, slots, backend.engine_defaults().flash_attn).items():
         base = f"http://127.0.0.1:{args.port}"
         cmd = [c.replace("{port}", str(args.port)) for c in cmd]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
