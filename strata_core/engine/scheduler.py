@@ -17,7 +17,7 @@ import numpy as np
 
 from strata_core import protocol as proto
 from strata_core.engine.llama import Batch, Llama
-from strata_core.engine.sampler import SamplingParams, sample, top_logprobs
+from strata_core.engine.sampler import SamplingParams, processed_logprobs, sample, top_logprobs
 
 Emit = Callable[[proto.Event], None]
 
@@ -30,6 +30,7 @@ class Request:
     max_tokens: int
     stop_ids: frozenset[int]
     logprobs: int | None
+    logprobs_processed: bool = False  # report the sampled-from distribution, not the raw one
     generated: int = 0
     cached: int = 0
     t_arrive: float = field(default_factory=time.perf_counter)
@@ -102,12 +103,14 @@ class Scheduler:
             req = self.waiting.popleft()
             slot = max(free, key=lambda s: common_prefix(s.cached, req.prompt))
             free.remove(slot)
-            # Keep at least one prompt token to decode: its logits give the first sample.
+            # The last prompt token is decoded like a generated one, in a decode step:
+            # its logits then come from the same kernels whether or not the prefix was
+            # cached, so a seeded request replays exactly on every backend.
             keep = min(common_prefix(slot.cached, req.prompt), len(req.prompt) - 1)
             self.llama.seq_trim(slot.seq, keep)
             slot.cached = slot.cached[:keep]
-            slot.pending = req.prompt[keep:]
-            slot.req, slot.last = req, None
+            slot.pending = req.prompt[keep:-1]
+            slot.req, slot.last = req, req.prompt[-1]
             req.cached = keep
 
     # ---- one step ---------------------------------------------------------------------
@@ -118,7 +121,7 @@ class Scheduler:
         batch.clear()
         sampled: list[tuple[Slot, int]] = []
         for slot in self.slots:
-            if slot.req is not None and slot.last is not None:
+            if slot.req is not None and slot.last is not None and not slot.pending:
                 sampled.append((slot, batch.add_one(slot.last, len(slot.cached), slot.seq)))
         budget = batch.capacity - batch.n
         chunks: list[tuple[Slot, list[int]]] = []
@@ -126,10 +129,7 @@ class Scheduler:
             if slot.req is None or not slot.pending or budget <= 0:
                 continue
             chunk = slot.pending[:budget]
-            finishes = len(chunk) == len(slot.pending)
-            idx = batch.add(chunk, len(slot.cached), slot.seq, finishes)
-            if finishes:
-                sampled.append((slot, idx))
+            batch.add(chunk, len(slot.cached), slot.seq, want_last_logits=False)
             chunks.append((slot, chunk))
             budget -= len(chunk)
         if batch.n == 0:
@@ -138,10 +138,9 @@ class Scheduler:
         for slot, chunk in chunks:
             slot.cached.extend(chunk)
             del slot.pending[: len(chunk)]
-        for slot, _ in sampled:
-            if slot.last is not None:
-                slot.cached.append(slot.last)
         for slot, idx in sampled:
+            assert slot.last is not None
+            slot.cached.append(slot.last)
             self._sample(slot, idx)
 
     def _sample(self, slot: Slot, idx: int) -> None:
@@ -150,11 +149,11 @@ class Scheduler:
         row = self.llama.logits(idx)
         params = req.params
         position = len(slot.cached)
+        last_n = params.penalty_last_n
+        history = slot.cached[-last_n:] if last_n else ()
         if params.plain:
             tok = int(np.argmax(row))
         else:
-            last_n = params.penalty_last_n
-            history = slot.cached[-last_n:] if last_n else ()
             tok = sample(row, params, history, position)
         if not req.t_first:
             req.t_first = time.perf_counter()
@@ -163,7 +162,10 @@ class Scheduler:
             return
         self.emit(proto.Token(req.rid, tok))
         if req.logprobs is not None:
-            lps, top = top_logprobs(row, req.logprobs, params.allowed)
+            if req.logprobs_processed:
+                lps, top = processed_logprobs(row, req.logprobs, params, history)
+            else:
+                lps, top = top_logprobs(row, req.logprobs, params.allowed)
             self.emit(proto.Logprob(req.rid, float(lps[tok]), tuple(top)))
         req.generated += 1
         slot.last = tok
