@@ -166,7 +166,7 @@ def test_engine_gives_logits_of_one_token(cpu_engine: EngineBuild, default_model
         from strata_core.engine.llama import Batch, Llama, ModelOptions
         m = Llama(ModelOptions(path={str(default_model)!r}, n_ctx=64, n_seq=1, n_batch=16))
         b = Batch(16)
-        b.add([1], 0, 0, True)
+        b.add([1], 0, 0, "all")
         m.decode(b)
         row = m.logits(0).copy()
         print(m.n_vocab, row.shape[0], bool(np.isfinite(row).all()), float(row.std()) > 0.1)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import llama_cpp.llama_cpp as ll
 import numpy as np
@@ -57,8 +57,9 @@ class Batch:
     def clear(self) -> None:
         self.n = 0
 
-    def add(self, tokens: npt.ArrayLike, pos0: int, seq: int, want_last_logits: bool) -> int:
-        """Append tokens at positions pos0.. of ``seq``; returns the index of the last one."""
+    def add(self, tokens: npt.ArrayLike, pos0: int, seq: int, logits: Literal["none", "all"]) -> int:
+        """Append tokens at positions pos0.. of ``seq``, with logits at none or all of
+        them; returns the index of the first."""
         toks = np.asarray(tokens, dtype=np.int32)
         k, i = len(toks), self.n
         if i + k > self.capacity:
@@ -66,11 +67,9 @@ class Batch:
         self.token[i : i + k] = toks
         self.pos[i : i + k] = np.arange(pos0, pos0 + k, dtype=np.int32)
         self.seq[i : i + k] = seq
-        self.logits[i : i + k] = 0
-        if want_last_logits:
-            self.logits[i + k - 1] = 1
+        self.logits[i : i + k] = 1 if logits == "all" else 0
         self.n = i + k
-        return i + k - 1
+        return i
 
     def add_one(self, token: int, pos: int, seq: int) -> int:
         i = self.n

@@ -18,6 +18,7 @@ import numpy as np
 from strata_core import protocol as proto
 from strata_core.engine.llama import Batch, Llama
 from strata_core.engine.sampler import SamplingParams, processed_logprobs, sample, top_logprobs
+from strata_core.engine.speculative import ngram_draft
 
 Emit = Callable[[proto.Event], None]
 
@@ -33,6 +34,9 @@ class Request:
     logprobs_processed: bool = False  # report the sampled-from distribution, not the raw one
     generated: int = 0
     cached: int = 0
+    spec_k: int = 0  # most tokens an n-gram window may propose; 0 = no speculation
+    drafted: int = 0
+    accepted: int = 0
     t_arrive: float = field(default_factory=time.perf_counter)
     t_first: float = 0.0
 
@@ -44,6 +48,8 @@ class Slot:
     req: Request | None = None
     pending: list[int] = field(default_factory=list)  # prompt tokens still to decode
     last: int | None = None  # sampled, not yet decoded
+    spec_wait: int = 0  # decode steps left before this slot drafts again
+    spec_misses: int = 0  # windows in a row that accepted nothing
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -53,6 +59,12 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     x, y = np.asarray(a[:n]), np.asarray(b[:n])
     diff = np.flatnonzero(x != y)
     return int(diff[0]) if len(diff) else n
+
+
+#: Speculation only while at most this many slots decode: beyond it the batch already
+#: keeps the device busy and windows would cost more than they save.
+SPEC_MAX_SLOTS = 2
+SPEC_MAX_WAIT = 32
 
 
 class Scheduler:
@@ -87,6 +99,8 @@ class Scheduler:
     def _done(self, req: Request, reason: str) -> None:
         now = time.perf_counter()
         stats = {"prompt": str(len(req.prompt)), "cached": str(req.cached), "gen": str(req.generated)}
+        if req.spec_k:
+            stats.update(drafted=str(req.drafted), accepted=str(req.accepted))
         if req.t_first:
             stats["ttft_ms"] = f"{(req.t_first - req.t_arrive) * 1e3:.2f}"
             stats["gen_ms"] = f"{(now - req.t_first) * 1e3:.2f}"
@@ -119,17 +133,24 @@ class Scheduler:
         self._admit()
         batch = self.batch
         batch.clear()
-        sampled: list[tuple[Slot, int]] = []
-        for slot in self.slots:
-            if slot.req is not None and slot.last is not None and not slot.pending:
-                sampled.append((slot, batch.add_one(slot.last, len(slot.cached), slot.seq)))
+        decoding = [s for s in self.slots if s.req is not None and s.last is not None and not s.pending]
+        speculate = len(decoding) <= SPEC_MAX_SLOTS
+        windows: list[tuple[Slot, int, list[int]]] = []
+        for slot in decoding:
+            assert slot.last is not None
+            draft = self._draft(slot) if speculate else []
+            pos = len(slot.cached)
+            if draft:
+                windows.append((slot, batch.add([slot.last, *draft], pos, slot.seq, "all"), draft))
+            else:
+                windows.append((slot, batch.add_one(slot.last, pos, slot.seq), []))
         budget = batch.capacity - batch.n
         chunks: list[tuple[Slot, list[int]]] = []
         for slot in self.slots:
             if slot.req is None or not slot.pending or budget <= 0:
                 continue
             chunk = slot.pending[:budget]
-            batch.add(chunk, len(slot.cached), slot.seq, want_last_logits=False)
+            batch.add(chunk, len(slot.cached), slot.seq, "none")
             chunks.append((slot, chunk))
             budget -= len(chunk)
         if batch.n == 0:
@@ -138,12 +159,48 @@ class Scheduler:
         for slot, chunk in chunks:
             slot.cached.extend(chunk)
             del slot.pending[: len(chunk)]
-        for slot, idx in sampled:
+        for slot, idx, draft in windows:
             assert slot.last is not None
             slot.cached.append(slot.last)
-            self._sample(slot, idx)
+            self._verify(slot, idx, draft)
 
-    def _sample(self, slot: Slot, idx: int) -> None:
+    # ---- speculation -------------------------------------------------------------------
+
+    def _draft(self, slot: Slot) -> list[int]:
+        req = slot.req
+        assert req is not None and slot.last is not None
+        if not req.spec_k:
+            return []
+        if slot.spec_wait:
+            slot.spec_wait -= 1
+            return []
+        # Room for the window and its bonus token, in the context and in max_tokens.
+        room = min(self.llama.n_ctx - len(slot.cached) - 2, req.max_tokens - req.generated - 1)
+        if room <= 0:
+            return []
+        return ngram_draft([*slot.cached, slot.last], min(req.spec_k, room))
+
+    def _verify(self, slot: Slot, idx: int, draft: list[int]) -> None:
+        """Sample each row of the window as an ordinary step would (same position, same
+        draw), keep the drafts that match, and trim the cache to what was kept."""
+        req = slot.req
+        assert req is not None
+        kept = 0
+        for j in range(len(draft) + 1):
+            tok = self._sample(slot, idx + j)
+            if tok is None or j == len(draft) or tok != draft[j]:
+                break
+            slot.cached.append(tok)  # its KV is already in the cache
+            kept += 1
+        if draft:
+            req.drafted += len(draft)
+            req.accepted += kept
+            self.llama.seq_trim(slot.seq, len(slot.cached))
+            slot.spec_misses = 0 if kept else slot.spec_misses + 1
+            slot.spec_wait = min(2**slot.spec_misses - 1, SPEC_MAX_WAIT) if not kept else 0
+
+    def _sample(self, slot: Slot, idx: int) -> int | None:
+        """Sample the row at ``idx`` for ``slot``; the token, or None when it ended the request."""
         req = slot.req
         assert req is not None
         row = self.llama.logits(idx)
@@ -159,7 +216,7 @@ class Scheduler:
             req.t_first = time.perf_counter()
         if tok in req.stop_ids or self.llama.is_eog(tok):
             self._finish(slot, "stop")
-            return
+            return None
         self.emit(proto.Token(req.rid, tok))
         if req.logprobs is not None:
             if req.logprobs_processed:
@@ -171,3 +228,5 @@ class Scheduler:
         slot.last = tok
         if req.generated >= req.max_tokens or position + 1 >= self.llama.n_ctx:
             self._finish(slot, "length")
+            return None
+        return tok
