@@ -1,0 +1,68 @@
+"""Speculation on the real engine emits exactly what it emits with speculation off."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from strata_core import protocol as proto
+from strata_core.backends.cpu import CpuBackend
+from strata_core.build import EngineBuild
+from strata_core.testing.harness import EngineProcess
+
+pytestmark = pytest.mark.slow
+
+COPY = "Please repeat this sentence exactly: the quick brown fox jumps over the lazy dog near the river bank. "
+
+
+@pytest.fixture(scope="module")
+def engine(cpu_engine: EngineBuild, default_model: Path):  # type: ignore[no-untyped-def]
+    e = EngineProcess(CpuBackend(), cpu_engine, default_model, parallel=2)
+    yield e
+    e.close()
+
+
+def run(engine: EngineProcess, rid: str, prompt: list[int], **keys: object) -> tuple[list[int], dict[str, str]]:
+    events = engine.run(rid, prompt, **keys)
+    done = events[-1]
+    assert isinstance(done, proto.Done)
+    return [e.id for e in events if isinstance(e, proto.Token)], dict(done.stats)
+
+
+@pytest.fixture(scope="module")
+def copy_prompt(engine: EngineProcess) -> list[int]:
+    engine.send(proto.Tokenize("tk", COPY * 3, True))
+    ev = engine.expect(proto.Tokens)
+    return list(ev.ids)  # type: ignore[attr-defined]
+
+
+SEEDED_GAP = (
+    "llama.cpp's CPU build computes a multi-token window's logits differently from one token "
+    "at a time (bench/window_tvd.py: TVD up to 0.05 per row), so a seeded draw can land on "
+    "the other side of a boundary; greedy picks are unaffected here"
+)
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [{}, pytest.param({"temperature": 0.8, "seed": 99}, marks=pytest.mark.xfail(strict=True, reason=SEEDED_GAP))],
+    ids=["greedy", "seeded"],
+)
+def test_speculation_preserves_the_output(engine: EngineProcess, copy_prompt: list[int], keys: dict) -> None:  # type: ignore[type-arg]
+    off, off_stats = run(engine, "off", copy_prompt, max_tokens=48, **keys)
+    on, on_stats = run(engine, "on", copy_prompt, max_tokens=48, spec="ngram", **keys)
+    assert "drafted" not in off_stats
+    assert int(on_stats["drafted"]) > 0, on_stats  # the fixture must exercise windows
+    assert on == off
+
+
+def test_copy_heavy_text_is_accepted(engine: EngineProcess, copy_prompt: list[int]) -> None:
+    _, stats = run(engine, "acc", copy_prompt, max_tokens=48, spec="ngram")
+    assert int(stats["accepted"]) >= int(stats["drafted"]) // 2, stats
+
+
+def test_unknown_spec_mode_is_refused(engine: EngineProcess, copy_prompt: list[int]) -> None:
+    events = engine.run("bad", copy_prompt, max_tokens=4, spec="draft")
+    assert isinstance(events[0], proto.Error) and "spec" in events[0].message
+    assert isinstance(events[-1], proto.Done) and events[-1].reason == "error"
