@@ -155,7 +155,10 @@ def main() -> None:
     for name, cmd in servers(args, model, slots, backend.engine_defaults().flash_attn).items():
         base = f"http://127.0.0.1:{args.port}"
         cmd = [c.replace("{port}", str(args.port)) for c in cmd]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        log = Path(f"/tmp/bench-{name}.log")
+        with open(log, "w") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        print(f"{name}: {' '.join(cmd)} (log: {log})", flush=True)
         try:
             wait_health(base, proc)
             for c in args.concurrency:

@@ -159,6 +159,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         n_gpu_layers=e.n_gpu_layers if e.n_gpu_layers is not None else defaults.n_gpu_layers,
         flash_attn=e.flash_attn if e.flash_attn is not None else defaults.flash_attn,
         backend=backend.name,
+        spec_k=cfg.speculative.k,
     )
     service = Service(cfg, model.id, EngineClient(command))
     service.backend_info = {

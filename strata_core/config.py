@@ -65,10 +65,10 @@ class SamplingConfig(_Section):
 
 
 class SpeculativeConfig(_Section):
-    mode: Literal["off", "ngram", "draft"] = "off"
-    draft_model: str | None = None
-    k: int = Field(default=4, ge=1, le=32)
-    threshold: float = Field(default=0.0, ge=0.0, le=1.0)
+    """n-gram (prompt lookup) speculation; a draft model is not built yet."""
+
+    mode: Literal["off", "ngram"] = "off"
+    k: int = Field(default=4, ge=1, le=32)  # most tokens one window proposes
 
 
 class Config(_Section):

@@ -66,6 +66,8 @@ class Metrics:
         self.prompt_tokens = Counter("strata_prompt_tokens_total", "Prompt tokens processed")
         self.cached_tokens = Counter("strata_cached_prompt_tokens_total", "Prompt tokens reused")
         self.gen_tokens = Counter("strata_generation_tokens_total", "Tokens generated")
+        self.spec_drafted = Counter("strata_spec_drafted_tokens_total", "Speculative tokens proposed")
+        self.spec_accepted = Counter("strata_spec_accepted_tokens_total", "Speculative tokens accepted")
         self.ttft = Histogram("strata_time_to_first_token_seconds", "Time to first token", LATENCY_BUCKETS)
         self.itl = Histogram("strata_inter_token_latency_seconds", "Time between tokens", LATENCY_BUCKETS)
         self.queue = Gauge("strata_queue_depth", "Requests waiting for a slot", queue_depth)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from strata_core.logprobs import Entry, legacy
 
 
 @dataclass
@@ -14,14 +17,27 @@ class Usage:
     prompt: int = 0
     completion: int = 0
     cached: int = 0
+    drafted: int = 0  # speculative tokens proposed / accepted (an extension)
+    accepted: int = 0
+
+    def add_choice(self, other: Usage, first_of_prompt: bool) -> None:
+        """Fold one choice's usage in; its prompt's cache counts once per prompt."""
+        self.completion += other.completion
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        if first_of_prompt:
+            self.cached += other.cached
 
     def body(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "prompt_tokens": self.prompt,
             "completion_tokens": self.completion,
             "total_tokens": self.prompt + self.completion,
             "prompt_tokens_details": {"cached_tokens": self.cached},
         }
+        if self.drafted:
+            out["speculative"] = {"drafted_tokens": self.drafted, "accepted_tokens": self.accepted}
+        return out
 
 
 @dataclass
@@ -29,6 +45,18 @@ class Choice:
     index: int
     text: str
     finish_reason: str
+    logprobs: dict[str, Any] | None = None  # chat_logprobs / completion_logprobs, if asked
+
+
+def chat_logprobs(entries: Sequence[Entry]) -> dict[str, Any]:
+    """A chat choice's (or chunk's) ``logprobs``: one entry per token of the content."""
+    return {"content": [e.chat() for e in entries], "refusal": None}
+
+
+def completion_logprobs(entries: Sequence[Entry], text_offset0: int = 0) -> dict[str, Any]:
+    """A completion choice's (or chunk's) legacy ``logprobs``; offsets count from
+    ``text_offset0``, where the entries' text starts in the choice's text."""
+    return legacy(entries, text_offset0)
 
 
 def new_id(kind: str) -> str:
@@ -52,7 +80,7 @@ def chat_response(
             {
                 "index": c.index,
                 "message": {"role": "assistant", "content": c.text},
-                "logprobs": None,
+                "logprobs": c.logprobs,
                 "finish_reason": c.finish_reason,
             }
             for c in choices
@@ -72,7 +100,7 @@ def completion_response(
         "model": model,
         "system_fingerprint": None,
         "choices": [
-            {"index": c.index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
+            {"index": c.index, "text": c.text, "logprobs": c.logprobs, "finish_reason": c.finish_reason}
             for c in choices
         ],
         "usage": usage.body(),
@@ -81,7 +109,13 @@ def completion_response(
 
 
 def chat_chunk(
-    rid: str, model: str, created: int, index: int, delta: dict[str, Any], finish: str | None
+    rid: str,
+    model: str,
+    created: int,
+    index: int,
+    delta: dict[str, Any],
+    finish: str | None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "id": rid,
@@ -89,12 +123,18 @@ def chat_chunk(
         "created": created,
         "model": model,
         "system_fingerprint": None,
-        "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
     }
 
 
 def completion_chunk(
-    rid: str, model: str, created: int, index: int, text: str, finish: str | None
+    rid: str,
+    model: str,
+    created: int,
+    index: int,
+    text: str,
+    finish: str | None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "id": rid,
@@ -102,7 +142,7 @@ def completion_chunk(
         "created": created,
         "model": model,
         "system_fingerprint": None,
-        "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": finish}],
+        "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}],
     }
 
 

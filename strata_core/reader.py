@@ -289,11 +289,12 @@ def engine_command(
     n_gpu_layers: int,
     flash_attn: bool | None,
     backend: str,
+    spec_k: int = 4,
 ) -> EngineCommand:
     """The argv and environment that run the engine on a backend's build at ``site``."""
     argv = [sys.executable, "-m", "strata_core.engine", "--model", model, "--backend", backend]
     argv += ["--n-ctx", str(n_ctx), "--parallel", str(parallel), "--n-batch", str(n_batch)]
-    argv += ["--n-gpu-layers", str(n_gpu_layers)]
+    argv += ["--n-gpu-layers", str(n_gpu_layers), "--spec-k", str(spec_k)]
     argv += ["--flash-attn", {True: "on", False: "off", None: "auto"}[flash_attn]]
     if threads:
         argv += ["--threads", str(threads)]

@@ -38,19 +38,20 @@ MAX_BIAS = 100.0
 SEED_MIN = -(1 << 63)
 SEED_MOD = 1 << 64
 
+#: Most alternatives per token: ``top_logprobs`` on chat, ``logprobs`` on completions
+#: (OpenAI allows 5 there; we accept up to 20 as on chat).
+MAX_TOP_LOGPROBS = 20
+
 #: Fields that later work will implement. Until then a value other than null/false is
 #: refused with a 400 naming the field; null/false mean "not asked for" and are accepted.
-#: ``echo`` and ``suffix`` are /v1/completions fields.
+#: ``suffix`` is a /v1/completions field.
 NOT_YET_SUPPORTED: tuple[str, ...] = (
-    "logprobs",
-    "top_logprobs",
     "tools",
     "tool_choice",
     "response_format",
     "functions",
     "function_call",
     "parallel_tool_calls",
-    "echo",
     "suffix",
 )
 
@@ -172,11 +173,30 @@ class BaseRequest(_Strict):
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
     penalty_last_n: int | None = Field(default=None, ge=-1)
     logit_bias: dict[int, float] | None = None
+    # Extensions (vLLM's names): sample only among these ids, logprobs renormalised over
+    # them; which distribution logprobs describe. The server checks ids against n_vocab.
+    allowed_token_ids: list[int] | None = None
+    logprobs_mode: Literal["raw", "processed"] | None = None
+    # Extension: false turns off the server's speculative decoding for this request.
+    speculative: bool | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _refuse_later_work(cls, data: Any) -> Any:
         return _drop_unset(data, NOT_YET_SUPPORTED)
+
+    @field_validator("allowed_token_ids", mode="plain")
+    @classmethod
+    def _allowed_token_ids(cls, value: Any) -> list[int] | None:
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(_is_int(t) for t in value):
+            raise _invalid("expected a list of token ids (integers)", "invalid_type")
+        if not value:
+            raise _invalid("expected at least one token id (leave it out to allow every token)")
+        if min(value) < 0:
+            raise _invalid(f"token ids must be non-negative, got {min(value)}")
+        return list(dict.fromkeys(value))
 
     @field_validator("n", "stream", mode="before")
     @classmethod
@@ -249,15 +269,59 @@ class BaseRequest(_Strict):
         """The most tokens to generate, or None for "until stop or the context ends"."""
         return self.max_tokens
 
+    def top_logprobs_k(self) -> int | None:
+        """Alternatives per token when logprobs are asked for (0..20), else None."""
+        return None
+
     def stop_list(self) -> list[str]:
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
 
+def _top_count(value: int) -> int:
+    if not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise _invalid(f"expected an integer in 0..{MAX_TOP_LOGPROBS}, got {value}")
+    return value
+
+
 class ChatRequest(BaseRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    # true, or (vLLM / legacy form) an int taken as top_logprobs
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = None
+
+    @field_validator("logprobs", mode="plain")
+    @classmethod
+    def _logprobs(cls, value: Any) -> bool | int | None:
+        if value is None or isinstance(value, bool):
+            return value
+        if not _is_int(value):
+            raise _invalid("expected true, false or an integer (taken as top_logprobs)", "invalid_type")
+        return _top_count(value)
+
+    @field_validator("top_logprobs", mode="plain")
+    @classmethod
+    def _top_logprobs(cls, value: Any, info: ValidationInfo) -> int | None:
+        if value is None:
+            return None
+        if not _is_int(value):
+            raise _invalid(f"expected an integer in 0..{MAX_TOP_LOGPROBS}", "invalid_type")
+        _top_count(value)
+        asked = info.data.get("logprobs")
+        if asked is None or asked is False:
+            raise _invalid("top_logprobs needs logprobs: true (send both, or leave it out)")
+        if not isinstance(asked, bool) and asked != value:
+            raise _invalid(f"top_logprobs ({value}) and logprobs ({asked}) disagree; send one")
+        return value
+
+    def top_logprobs_k(self) -> int | None:
+        if self.logprobs is None or self.logprobs is False:
+            return None
+        if self.logprobs is True:
+            return self.top_logprobs or 0
+        return self.logprobs
 
     @field_validator("max_completion_tokens")
     @classmethod
@@ -290,6 +354,31 @@ def _token_ids(value: list[Any]) -> list[int]:
 
 class CompletionRequest(BaseRequest):
     prompt: Prompt
+    logprobs: int | None = None
+    echo: bool | None = None
+
+    @field_validator("logprobs", mode="plain")
+    @classmethod
+    def _logprobs(cls, value: Any) -> int | None:
+        if value is None or value is False:  # false: "not asked", as some clients send it
+            return None
+        if not _is_int(value):
+            raise _invalid(f"expected an integer in 0..{MAX_TOP_LOGPROBS}", "invalid_type")
+        return _top_count(value)
+
+    @field_validator("echo")
+    @classmethod
+    def _echo(cls, value: bool | None, info: ValidationInfo) -> bool | None:
+        if value and info.data.get("logprobs") is not None:
+            raise PydanticCustomError(
+                "unsupported_value",
+                "with logprobs is not supported yet: it needs the prompt's tokens scored, "
+                "which the engine does not do (send echo or logprobs, not both)",
+            )
+        return value
+
+    def top_logprobs_k(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt", mode="plain")
     @classmethod

@@ -3,9 +3,12 @@
 The request's own value wins; a field it leaves out or sends as null takes the default.
 A neutral value is never sent, so a request that asks for nothing is greedy and costs the
 engine nothing: temperature absent or 0 is greedy, and then top_p, top_k, min_p and the
-seed are not sent either (they cannot change an argmax). Penalties and logit bias do change
-a greedy pick, so they are sent either way. ``penalty_last_n`` follows llama.cpp: 0 turns
-the penalties off, a penalty without a window uses :data:`DEFAULT_PENALTY_LAST_N`.
+seed are not sent either (they cannot change an argmax). Penalties, logit bias and
+``allowed_token_ids`` do change a greedy pick, so they are sent either way.
+``penalty_last_n`` follows llama.cpp: 0 turns the penalties off, a penalty without a window
+uses :data:`DEFAULT_PENALTY_LAST_N`. ``logprobs=K`` is sent only when the request asks for
+logprobs, and ``logprobs_mode`` only when it is ``processed`` (``raw`` is the engine's
+default).
 """
 
 from __future__ import annotations
@@ -89,6 +92,14 @@ def sampling_keys(
     bias = sorted((t, b) for t, b in (req.logit_bias or {}).items() if b != 0.0)
     if bias:
         keys["bias"] = ",".join(f"{t}:{_num(b)}" for t, b in bias)
+    if req.allowed_token_ids is not None:
+        keys["allowed"] = ",".join(str(t) for t in req.allowed_token_ids)
+
+    top = req.top_logprobs_k()
+    if top is not None:
+        keys["logprobs"] = str(top)
+        if req.logprobs_mode == "processed":
+            keys["logprobs_mode"] = "processed"
     return keys
 
 

@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -18,12 +18,13 @@ from strata_core import openai as oai
 from strata_core.chat import FALLBACK_TEMPLATE, ChatTemplate, TemplateError
 from strata_core.config import Config
 from strata_core.errors import ApiError
+from strata_core.logprobs import Aligner, Entry, Span
 from strata_core.metrics import Metrics
 from strata_core.models import ALIASES
-from strata_core.reader import EngineClient, EngineUnavailable, Finished
+from strata_core.reader import EngineClient, EngineUnavailable, Finished, TokenEvent
 from strata_core.requests import BaseRequest, ChatRequest, CompletionRequest, parse_request
 from strata_core.sampling import resolve_seed, sampling_keys
-from strata_core.text import Detokenizer, StopMatcher
+from strata_core.text import Detokenizer, StopMatcher, decode
 
 log = logging.getLogger("strata.server")
 T = TypeVar("T")
@@ -31,11 +32,59 @@ T = TypeVar("T")
 
 @dataclass
 class Delta:
-    """A piece of one choice's text; the last one carries the finish reason and usage."""
+    """A piece of one choice's text; the last one carries the finish reason and usage.
+
+    ``entries``: when logprobs were asked for, the entries handed out with this piece
+    (logprobs.Span's rule: over the whole choice they spell its text); else None.
+    """
 
     text: str
     finish: str | None = None
     usage: oai.Usage | None = None
+    entries: list[Entry] | None = None
+
+
+class ChoiceText:
+    """One choice's tokens -> released text (stop strings applied) and logprob entries.
+
+    Without logprobs it is a Detokenizer and a StopMatcher; with them an Aligner decodes,
+    and a Span hands out the entries of the text released so far, cut where a stop
+    string cuts the text, so the entries always spell the (trimmed) content exactly.
+    """
+
+    def __init__(self, pieces: list[bytes], stops: list[str], top_k: int | None) -> None:
+        self._matcher = StopMatcher(stops)
+        self._detok = Detokenizer(pieces)
+        self._aligner = None if top_k is None else Aligner(pieces, top_k)
+        self._span = None if self._aligner is None else Span(self._aligner)
+        self._released = 0  # characters of the text shown so far
+        self.stopped = False
+
+    def push(self, ev: TokenEvent) -> tuple[str, list[Entry] | None]:
+        """Take the next token: the text now safe to show and the entries that go with it."""
+        if self._aligner is None:
+            text = self._detok.feed(ev.id)
+        else:
+            text = self._aligner.add(ev.id, ev.logprob)
+        safe, self.stopped = self._matcher.push(text)
+        return safe, self._release(safe, last=self.stopped)
+
+    def end(self) -> tuple[str, list[Entry] | None]:
+        """The engine is done: the rest of the text and of the entries."""
+        if self.stopped:  # the stop already released (and closed) everything
+            return "", None if self._span is None else []
+        text = self._detok.flush() if self._aligner is None else self._aligner.flush()
+        safe, self.stopped = self._matcher.push(text)
+        tail = safe if self.stopped else safe + self._matcher.flush()
+        return tail, self._release(tail, last=True)
+
+    def _release(self, text: str, last: bool) -> list[Entry] | None:
+        self._released += len(text)
+        if self._span is None:
+            return None
+        if last:
+            return self._span.close(self._released)
+        return self._span.take(self._released) if text else []
 
 
 @dataclass
@@ -121,24 +170,33 @@ class Service:
     # ---- one choice --------------------------------------------------------------------
 
     def start_choice(
-        self, prompt: list[int], keys: dict[str, str], stops: list[str]
+        self,
+        prompt: list[int],
+        keys: dict[str, str],
+        stops: list[str],
+        top_k: int | None = None,
+        echo: str = "",
     ) -> AsyncIterator[Delta]:
-        """Send GEN now (so an unavailable engine fails before the first byte)."""
+        """Send GEN now (so an unavailable engine fails before the first byte).
+
+        ``top_k``: logprobs with that many alternatives per token, None for none;
+        ``echo``: text shown before the generated text (completions' ``echo``).
+        """
         try:
             stream = self.engine.generate(prompt, keys)
         except EngineUnavailable as exc:
             raise ApiError(503, f"the engine is unavailable: {exc}", type="server_error",
                            code="engine_unavailable") from None
         self.metrics.requests.inc()
-        return self._follow(stream, stops)
+        return self._follow(stream, ChoiceText(self.pieces, stops, top_k), echo)
 
-    async def _follow(self, stream: Any, stops: list[str]) -> AsyncIterator[Delta]:
-        detok = Detokenizer(self.pieces)
-        matcher = StopMatcher(stops)
-        stopped = False
+    async def _follow(self, stream: Any, choice: ChoiceText, echo: str) -> AsyncIterator[Delta]:
         t0 = time.perf_counter()
         last = t0
+        carried: list[Entry] = []  # entries a stop released with no text: sent with the end
         try:
+            if echo:
+                yield Delta(echo)
             async for ev in stream.events():
                 if isinstance(ev, Finished):
                     if ev.error is not None or ev.reason == "error":
@@ -148,27 +206,32 @@ class Service:
                         prompt=int(ev.stats.get("prompt", 0)),
                         completion=int(ev.stats.get("gen", 0)),
                         cached=int(ev.stats.get("cached", 0)),
+                        drafted=int(ev.stats.get("drafted", 0)),
+                        accepted=int(ev.stats.get("accepted", 0)),
                     )
+                    self.metrics.spec_drafted.inc(usage.drafted)
+                    self.metrics.spec_accepted.inc(usage.accepted)
                     self.metrics.prompt_tokens.inc(usage.prompt)
                     self.metrics.cached_tokens.inc(usage.cached)
                     self.metrics.gen_tokens.inc(usage.completion)
-                    tail = ""
-                    if not stopped:
-                        safe, stopped = matcher.push(detok.flush())
-                        tail = safe if stopped else safe + matcher.flush()
-                    finish = "stop" if stopped or ev.reason != "length" else "length"
-                    yield Delta(tail, finish, usage)
+                    tail, entries = choice.end()
+                    if entries is not None:
+                        entries = carried + entries
+                    finish = "stop" if choice.stopped or ev.reason != "length" else "length"
+                    yield Delta(tail, finish, usage, entries)
                     return
                 now = time.perf_counter()
                 (self.metrics.itl if last != t0 else self.metrics.ttft).observe(now - last)
                 last = now
-                if stopped:
+                if choice.stopped:
                     continue
-                safe, stopped = matcher.push(detok.feed(ev.id))
-                if stopped:
+                safe, entries = choice.push(ev)
+                if choice.stopped:
                     self.engine.cancel(stream.rid)
                 if safe:
-                    yield Delta(safe)
+                    yield Delta(safe, entries=entries)
+                elif entries:
+                    carried += entries
         finally:
             if not stream.finished:
                 self.engine.cancel(stream.rid)
@@ -199,13 +262,33 @@ async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
             raise ApiError(499, "client closed the request", code="client_closed")
 
 
-async def _collect(it: AsyncIterator[Delta]) -> tuple[str, str, oai.Usage]:
+@dataclass
+class Collected:
+    """One choice, whole."""
+
+    text: str
+    finish: str
+    usage: oai.Usage
+    entries: list[Entry] | None  # None: logprobs were not asked for
+
+
+async def _collect(it: AsyncIterator[Delta]) -> Collected:
     parts: list[str] = []
+    entries: list[Entry] | None = None
     async for d in it:
         parts.append(d.text)
+        if d.entries is not None:
+            entries = [] if entries is None else entries
+            entries.extend(d.entries)
         if d.finish is not None:
-            return "".join(parts), d.finish, d.usage or oai.Usage()
+            return Collected("".join(parts), d.finish, d.usage or oai.Usage(), entries)
     raise EngineUnavailable("the engine ended the request without DONE")
+
+
+def _logprobs_body(entries: list[Entry] | None, chat: bool, offset: int = 0) -> dict[str, Any] | None:
+    if entries is None:
+        return None
+    return oai.chat_logprobs(entries) if chat else oai.completion_logprobs(entries, offset)
 
 
 def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
@@ -256,7 +339,21 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
     def keys_for(req: BaseRequest, max_new: int, seed: int) -> dict[str, str]:
         keys = sampling_keys(req, cfg.sampling, seed=seed)
         keys["max_tokens"] = str(max_new)
+        if cfg.speculative.mode != "off" and req.speculative is not False:
+            keys["spec"] = cfg.speculative.mode
         return keys
+
+    def check_token_ids(req: BaseRequest) -> None:
+        n_vocab = int(service.engine.info["n_vocab"])
+        bad = [t for t in req.allowed_token_ids or () if t >= n_vocab]
+        if bad:
+            raise ApiError(
+                400,
+                f"allowed_token_ids holds {bad[0]}, outside the vocabulary "
+                f"(token ids are 0..{n_vocab - 1})",
+                param="allowed_token_ids",
+                code="invalid_value",
+            )
 
     async def respond(
         request: Request,
@@ -264,17 +361,21 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
         prompts: list[list[int]],
         param: str,
         chat: bool,
+        echoes: list[str] | None = None,
     ) -> Response:
         check_model(req)
+        check_token_ids(req)
         seed = resolve_seed(req.seed)
         max_new = [service.check_lengths(p, req, param) for p in prompts]
         rid = oai.new_id("chatcmpl" if chat else "cmpl")
         stops = req.stop_list()
+        top_k = req.top_logprobs_k()
         iters = []
         for pi, prompt in enumerate(prompts):
+            echo = echoes[pi] if echoes else ""
             for j in range(req.n):
                 keys = keys_for(req, max_new[pi], _seed_for_choice(seed, pi * req.n + j))
-                iters.append(service.start_choice(prompt, keys, stops))
+                iters.append(service.start_choice(prompt, keys, stops, top_k, echo))
         headers = {"x-strata-seed": str(seed)}
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -289,9 +390,12 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
             raise ApiError(503, f"the engine failed: {exc}", type="server_error",
                            code="engine_unavailable") from None
         usage = oai.Usage(prompt=sum(len(p) for p in prompts))
-        usage.cached = sum(u.cached for _, _, u in results[:: req.n])
-        usage.completion = sum(u.completion for _, _, u in results)
-        choices = [oai.Choice(i, text, finish) for i, (text, finish, _) in enumerate(results)]
+        for i, r in enumerate(results):
+            usage.add_choice(r.usage, first_of_prompt=i % req.n == 0)
+        choices = [
+            oai.Choice(i, r.text, r.finish, _logprobs_body(r.entries, chat))
+            for i, r in enumerate(results)
+        ]
         build = oai.chat_response if chat else oai.completion_response
         return JSONResponse(build(rid, service.model_id, choices, usage, seed), headers=headers)
 
@@ -320,6 +424,7 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
         tasks = [asyncio.create_task(pump(i, it)) for i, it in enumerate(iters)]
         usage = oai.Usage(prompt=sum(len(p) for p in prompts))
         open_choices = len(iters)
+        offsets = [0] * len(iters)  # where each choice's next entry starts in its text
         try:
             if chat:
                 for i in range(len(iters)):
@@ -337,15 +442,17 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
                     yield oai.sse("[DONE]")
                     return
                 if item.usage is not None:
-                    usage.completion += item.usage.completion
-                    if i % n == 0:
-                        usage.cached += item.usage.cached
-                if item.text or item.finish:
+                    usage.add_choice(item.usage, first_of_prompt=i % n == 0)
+                if item.text or item.finish or item.entries:
+                    lp = _logprobs_body(item.entries, chat, offsets[i])
+                    offsets[i] += sum(len(e.token) for e in item.entries or ())
                     if chat:
                         delta = {"content": item.text} if item.text else {}
-                        yield oai.sse(oai.chat_chunk(rid, model, created, i, delta, item.finish))
+                        yield oai.sse(oai.chat_chunk(rid, model, created, i, delta, item.finish, lp))
                     else:
-                        yield oai.sse(oai.completion_chunk(rid, model, created, i, item.text, item.finish))
+                        yield oai.sse(
+                            oai.completion_chunk(rid, model, created, i, item.text, item.finish, lp)
+                        )
             if include_usage:
                 obj = "chat.completion.chunk" if chat else "text_completion"
                 yield oai.sse(oai.usage_chunk(rid, model, created, obj, usage))
@@ -366,21 +473,27 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
         req = parse_request(CompletionRequest, await body_of(request))
         await _ready_or_503()
         p = req.prompt
+        texts: list[str] | None = None
         if isinstance(p, str):
-            prompts = [await service.tokenize(p)]
-        elif p and isinstance(p[0], str):
-            prompts = [await service.tokenize(s) for s in p]  # type: ignore[arg-type]
-        elif p and isinstance(p[0], list):
-            prompts = [list(x) for x in p]  # type: ignore[union-attr]
+            texts = [p]
+        elif isinstance(p[0], str):
+            texts = cast(list[str], p)
+        if texts is not None:
+            prompts = [await service.tokenize(s) for s in texts]
+        elif isinstance(p[0], list):
+            prompts = [list(x) for x in cast(list[list[int]], p)]
         else:
-            prompts = [list(p)]  # type: ignore[arg-type]
+            prompts = [list(cast(list[int], p))]
         n_vocab = int(service.engine.info["n_vocab"])
         for ids in prompts:
             bad = [t for t in ids if t >= n_vocab]
             if bad:
                 raise ApiError(400, f"prompt token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})",
                                param="prompt", code="invalid_value")
-        return await respond(request, req, prompts, "prompt", chat=False)
+        echoes = None
+        if req.echo:  # the prompt as sent; token ids as their text
+            echoes = texts if texts is not None else [decode(service.pieces, ids) for ids in prompts]
+        return await respond(request, req, prompts, "prompt", chat=False, echoes=echoes)
 
     async def _ready_or_503() -> None:
         if not service.engine.ready.is_set():

@@ -85,8 +85,21 @@ def refused(model_cls: type[Any], body: Any) -> ApiError:
         ),
         (chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
         (chat(response_format={"type": "json_object"}), "response_format"),
-        (chat(logprobs=True), "logprobs"),
         (chat(top_logprobs=2), "top_logprobs"),
+        (chat(logprobs=False, top_logprobs=2), "top_logprobs"),
+        (chat(logprobs=True, top_logprobs=21), "top_logprobs"),
+        (chat(logprobs=True, top_logprobs=-1), "top_logprobs"),
+        (chat(logprobs=True, top_logprobs=2.0), "top_logprobs"),
+        (chat(logprobs=2, top_logprobs=3), "top_logprobs"),
+        (chat(logprobs=21), "logprobs"),
+        (chat(logprobs=-1), "logprobs"),
+        (chat(logprobs="yes"), "logprobs"),
+        (chat(allowed_token_ids=[]), "allowed_token_ids"),
+        (chat(allowed_token_ids=[-1]), "allowed_token_ids"),
+        (chat(allowed_token_ids=["5"]), "allowed_token_ids"),
+        (chat(allowed_token_ids=[True]), "allowed_token_ids"),
+        (chat(allowed_token_ids=5), "allowed_token_ids"),
+        (chat(logprobs_mode="sampled"), "logprobs_mode"),
         (chat(tool_choice="auto"), "tool_choice"),
         (chat(parallel_tool_calls=True), "parallel_tool_calls"),
     ],
@@ -109,9 +122,13 @@ def test_chat_refused(body: dict[str, Any], param: str) -> None:
         ({"prompt": [-1]}, "prompt"),
         ({"prompt": [True]}, "prompt"),
         ({"prompt": 3}, "prompt"),
-        ({"prompt": "x", "echo": True}, "echo"),
+        ({"prompt": "x", "echo": True, "logprobs": 0}, "echo"),
+        ({"prompt": "x", "echo": "yes"}, "echo"),
         ({"prompt": "x", "suffix": "y"}, "suffix"),
-        ({"prompt": "x", "logprobs": 1}, "logprobs"),
+        ({"prompt": "x", "logprobs": 21}, "logprobs"),
+        ({"prompt": "x", "logprobs": True}, "logprobs"),
+        ({"prompt": "x", "logprobs": 1.0}, "logprobs"),
+        ({"prompt": "x", "allowed_token_ids": []}, "allowed_token_ids"),
         ({"prompt": "x", "best_of": 2}, "best_of"),
     ],
 )
@@ -158,9 +175,56 @@ def test_unsupported_content_part() -> None:
     assert err.param == "messages.0.content" and "input_audio" in err.message
 
 
-def test_echo_message() -> None:
-    err = refused(CompletionRequest, {"prompt": "x", "echo": True})
+def test_echo_with_logprobs_message() -> None:
+    err = refused(CompletionRequest, {"prompt": "x", "echo": True, "logprobs": 2})
     assert "echo" in err.message and "not supported yet" in err.message
+    assert "prompt" in err.message
+
+
+def test_top_logprobs_without_logprobs_message() -> None:
+    err = refused(ChatRequest, chat(top_logprobs=5))
+    assert "logprobs: true" in err.message
+
+
+@pytest.mark.parametrize(
+    ("fields", "k"),
+    [
+        ({}, None),
+        ({"logprobs": None}, None),
+        ({"logprobs": False}, None),
+        ({"logprobs": True}, 0),
+        ({"logprobs": True, "top_logprobs": None}, 0),
+        ({"logprobs": True, "top_logprobs": 0}, 0),
+        ({"logprobs": True, "top_logprobs": 20}, 20),
+        ({"logprobs": 5}, 5),
+        ({"logprobs": 0}, 0),
+        ({"logprobs": 3, "top_logprobs": 3}, 3),
+    ],
+)
+def test_chat_logprobs_forms(fields: dict[str, Any], k: int | None) -> None:
+    assert parse_request(ChatRequest, chat(**fields)).top_logprobs_k() == k
+
+
+@pytest.mark.parametrize(
+    ("fields", "k"),
+    [({}, None), ({"logprobs": None}, None), ({"logprobs": False}, None),
+     ({"logprobs": 0}, 0), ({"logprobs": 5}, 5), ({"logprobs": 20}, 20)],
+)  # fmt: skip
+def test_completion_logprobs_forms(fields: dict[str, Any], k: int | None) -> None:
+    req = parse_request(CompletionRequest, {"prompt": "x", **fields})
+    assert req.top_logprobs_k() == k
+
+
+def test_echo_and_extensions_are_accepted() -> None:
+    req = parse_request(CompletionRequest, {"prompt": "x", "echo": True, "logprobs": None})
+    assert req.echo is True
+    assert parse_request(CompletionRequest, {"prompt": "x", "echo": None}).echo is None
+    req2 = parse_request(
+        ChatRequest, chat(allowed_token_ids=[7, 3, 7], logprobs_mode="processed", logprobs=True)
+    )
+    assert req2.allowed_token_ids == [7, 3] and req2.logprobs_mode == "processed"
+    for name in ("logprobs", "top_logprobs", "echo"):
+        assert name not in NOT_YET_SUPPORTED
 
 
 @pytest.mark.parametrize("body", [None, [1], "text", 3, True])
@@ -174,9 +238,7 @@ def test_limits() -> None:
     assert parse_request(ChatRequest, chat(stop=["a", "b", "c", "d"])).stop_list() == list("abcd")
 
 
-@pytest.mark.parametrize(
-    "name", ["logprobs", "top_logprobs", "tools", "tool_choice", "response_format"]
-)
+@pytest.mark.parametrize("name", ["tools", "tool_choice", "response_format", "functions"])
 def test_later_work_is_refused_as_not_yet(name: str) -> None:
     assert name in NOT_YET_SUPPORTED
     err = refused(ChatRequest, chat(**{name: {"type": "json_object"}}))

@@ -185,3 +185,27 @@ def test_check_defaults() -> None:
         check_defaults(SamplingConfig(penalty_last_n=0, repetition_penalty=1.2))
     with pytest.raises(ValueError, match="presence_penalty"):
         check_defaults(SamplingConfig(penalty_last_n=0, presence_penalty=0.5))
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"logprobs": False, "logprobs_mode": "processed"}, {}),
+        ({"logprobs": True}, {"logprobs": "0"}),
+        ({"logprobs": True, "top_logprobs": 20}, {"logprobs": "20"}),
+        ({"logprobs": 3}, {"logprobs": "3"}),
+        ({"logprobs": True, "logprobs_mode": "raw"}, {"logprobs": "0"}),
+        (
+            {"logprobs": True, "top_logprobs": 2, "logprobs_mode": "processed"},
+            {"logprobs": "2", "logprobs_mode": "processed"},
+        ),
+    ],
+)
+def test_logprobs_keys_only_when_asked(fields: dict[str, Any], expected: dict[str, str]) -> None:
+    assert keys(**fields) == expected
+
+
+def test_allowed_token_ids_are_sent_in_order_without_duplicates() -> None:
+    assert keys(allowed_token_ids=[9, 2, 9, 5]) == {"allowed": "9,2,5"}
+    r = CompletionRequest.model_validate({"prompt": "x", "logprobs": 5, "allowed_token_ids": [1]})
+    assert sampling_keys(r, NONE, seed=1) == {"allowed": "1", "logprobs": "5"}

@@ -34,7 +34,7 @@ def run(engine: EngineProcess, rid: str, prompt: list[int], **keys: object) -> t
 def copy_prompt(engine: EngineProcess) -> list[int]:
     engine.send(proto.Tokenize("tk", COPY * 3, True))
     ev = engine.expect(proto.Tokens)
-    return list(ev.ids)  # type: ignore[attr-defined]
+    return list(ev.ids)
 
 
 SEEDED_GAP = (
@@ -66,3 +66,25 @@ def test_unknown_spec_mode_is_refused(engine: EngineProcess, copy_prompt: list[i
     events = engine.run("bad", copy_prompt, max_tokens=4, spec="draft")
     assert isinstance(events[0], proto.Error) and "spec" in events[0].message
     assert isinstance(events[-1], proto.Done) and events[-1].reason == "error"
+
+
+def test_server_reports_speculation_and_honours_the_switch(cpu_engine: EngineBuild, tmp_path: Path) -> None:
+    import httpx
+
+    from strata_core.testing.harness import Server
+
+    cfg = tmp_path / "spec.toml"
+    cfg.write_text('[speculative]\nmode = "ngram"\nk = 4\n')
+    srv = Server(["--config", str(cfg), "--parallel", "1", "--n-ctx", "1024"], tmp_path / "server.log")
+    try:
+        srv.wait_ready()
+        body = {"messages": [{"role": "user", "content": COPY * 2}], "max_tokens": 40}
+        on = httpx.post(f"{srv.base}/v1/chat/completions", json=body, timeout=300).json()
+        off = httpx.post(f"{srv.base}/v1/chat/completions", json={**body, "speculative": False}, timeout=300).json()
+        assert on["usage"]["speculative"]["drafted_tokens"] > 0
+        assert "speculative" not in off["usage"]
+        assert on["choices"][0]["message"]["content"] == off["choices"][0]["message"]["content"]
+        metrics = httpx.get(f"{srv.base}/metrics").text
+        assert "strata_spec_drafted_tokens_total 0.0" not in metrics
+    finally:
+        srv.stop()

@@ -19,12 +19,29 @@ from strata_core import protocol as proto
 KNOWN_KEYS = frozenset(
     {
         "max_tokens", "temperature", "top_p", "top_k", "min_p", "penalty_repeat", "penalty_freq",
-        "penalty_present", "penalty_last_n", "seed", "logprobs", "allowed", "bias", "stop_ids",
-        "grammar", "spec", "cache",
+        "penalty_present", "penalty_last_n", "seed", "logprobs", "logprobs_mode", "allowed",
+        "bias", "stop_ids", "grammar", "spec", "cache",
     }
 )  # fmt: skip
-SAMPLING_KEYS = KNOWN_KEYS - {"max_tokens", "logprobs", "stop_ids", "grammar", "spec", "cache"}
-UNSUPPORTED_KEYS = ("grammar", "spec")  # known to the protocol, not built into this engine yet
+"""The GEN keys this engine reads (DESIGN.md, "Engine protocol"); any other is warned about.
+
+Beyond DESIGN.md's list:
+
+``logprobs_mode`` (``raw|processed``, default ``raw``) -- which distribution the ``LP``
+lines describe. ``raw``: the model's, before bias, penalties, grammar and temperature
+(renormalised over ``allowed`` when given). ``processed``: the one the token was drawn
+from, after bias, the allowed / grammar mask, penalties, top_k, min_p, top_p and
+temperature; a token the chain cut is -inf and so never listed. A greedy pick has no
+temperature, so there it is the log-softmax of the row after bias, mask and penalties.
+Without ``logprobs`` the key changes nothing.
+"""
+LOGPROBS_MODES = ("raw", "processed")
+CAPABILITIES = ["logprobs", "logprobs_mode", "allowed", "bias", "penalties", "seed", "prefix_cache"]
+SAMPLING_KEYS = KNOWN_KEYS - {
+    "max_tokens", "logprobs", "logprobs_mode", "stop_ids", "grammar", "spec", "cache",
+}  # fmt: skip
+UNSUPPORTED_KEYS = ("grammar",)  # known to the protocol, not built into this engine yet
+SPEC_MODES = ("off", "ngram")  # "draft" (a second model) is not built yet
 
 
 class Output:
@@ -54,6 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--n-gpu-layers", type=int, default=0)
     ap.add_argument("--flash-attn", choices=["on", "off", "auto"], default="auto")
     ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--spec-k", type=int, default=4, help="most tokens an n-gram window proposes")
     return ap.parse_args(argv)
 
 
@@ -106,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                 "pid": os.getpid(),
                 "slots": args.parallel,
                 "n_batch": llama.n_batch,
-                "capabilities": ["logprobs", "allowed", "bias", "penalties", "seed", "prefix_cache"],
+                "capabilities": CAPABILITIES,
                 **facts,
             }
         )
@@ -144,9 +162,19 @@ def main(argv: list[str] | None = None) -> int:
             stop_ids = frozenset(int(t) for t in stops.split(",") if t) | eog
             if max_tokens < 1 or (logprobs is not None and not 0 <= logprobs <= 20):
                 raise ValueError("max_tokens must be >= 1 and logprobs 0..20")
+            spec = cmd.keys.get("spec", "off")
+            if spec not in SPEC_MODES:
+                raise ValueError(f"spec={spec!r} is not supported by this engine: expected off or ngram")
+            mode = cmd.keys.get("logprobs_mode", "raw")
+            if mode not in LOGPROBS_MODES:
+                raise ValueError(f"logprobs_mode={mode!r} is not valid: expected raw or processed")
         except ValueError as exc:
             return fail(str(exc))
-        sched.submit(Request(cmd.rid, prompt, params, max_tokens, stop_ids, logprobs))
+        sched.submit(
+            Request(cmd.rid, prompt, params, max_tokens, stop_ids, logprobs,
+                    logprobs_processed=mode == "processed",
+                    spec_k=args.spec_k if spec == "ngram" else 0)
+        )  # fmt: skip
 
     def handle(cmd: Any) -> bool:
         """Apply one command; False once QUIT was seen."""

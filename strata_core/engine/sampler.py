@@ -252,15 +252,29 @@ def sample(
     """One token id from a float32 logits row; position keys the Philox draw."""
     if params.plain and mask is None:
         return int(np.argmax(logits))
-    x = apply_logit_bias(np.asarray(logits, F32), params.bias)
-    x = apply_penalties(apply_mask(x, params.allowed, mask), history, params)
+    x = adjust(logits, params, history, mask)
     best = int(np.argmax(x))
     if not x[best] > -np.inf:
         raise ValueError("no token is permitted: allowed / grammar mask / bias excluded all")
     if params.greedy:
         return best
-    c = apply_top_p(apply_min_p(candidates(x, params.top_k), params.min_p), params.top_p)
-    return draw(c, params.temperature, philox.uniform(params.seed, position, stream))
+    return draw(truncate(x, params), params.temperature, philox.uniform(params.seed, position, stream))
+
+
+def adjust(
+    logits: np.ndarray,
+    params: SamplingParams,
+    history: Sequence[int] | np.ndarray,
+    mask: np.ndarray | None = None,
+) -> np.ndarray:
+    """The chain's first stages, which greedy picks run too: bias -> mask -> penalties."""
+    x = apply_logit_bias(np.asarray(logits, F32), params.bias)
+    return apply_penalties(apply_mask(x, params.allowed, mask), history, params)
+
+
+def truncate(x: np.ndarray, params: SamplingParams) -> Candidates:
+    """The cuts a sampled pick makes on an adjusted row: top_k -> min_p -> top_p."""
+    return apply_top_p(apply_min_p(candidates(x, params.top_k), params.min_p), params.top_p)
 
 
 def top_logprobs(
@@ -270,6 +284,41 @@ def top_logprobs(
     x = np.asarray(logits, F32)
     if allowed is not None:
         x = apply_mask(x, np.unique(np.asarray(allowed, np.int64)).tolist(), None)
+    return _log_softmax_top(x, k)
+
+
+def processed_logprobs(
+    logits: np.ndarray,
+    k: int,
+    params: SamplingParams,
+    history: Sequence[int] | np.ndarray,
+    mask: np.ndarray | None = None,
+) -> tuple[np.ndarray, list[tuple[int, float]]]:
+    """The distribution ``sample`` draws from, as log-probabilities, and its k best.
+
+    The row runs through the same stages: bias, mask, penalties, then (when sampling)
+    top_k, min_p, top_p and temperature; a token a stage cuts is -inf, so it never
+    appears among the k best. A greedy pick has no temperature to apply, so its
+    distribution is the log-softmax of the adjusted row (vLLM's processed_logprobs does
+    the same).
+    """
+    x = adjust(logits, params, history, mask)
+    if not x.max() > -np.inf:
+        raise ValueError("no token is permitted: allowed / grammar mask / bias excluded all")
+    if params.greedy:
+        return _log_softmax_top(x, k)
+    c = truncate(x, params)
+    # over the survivors only: a row that is mostly -inf is slow to partition
+    z = (c.logits.astype(np.float64) - float(c.logits.max())) / params.temperature
+    lz = (z - math.log(np.exp(z).sum())).astype(F32)
+    lp = np.full(x.size, -np.inf, F32)
+    lp[c.ids] = lz
+    n = min(k, lz.size)
+    pos = _first(lz, n) if n > 0 else np.empty(0, np.intp)  # candidate order: ties to lower id
+    return lp, [(int(c.ids[i]), float(lz[i])) for i in pos]
+
+
+def _log_softmax_top(x: np.ndarray, k: int) -> tuple[np.ndarray, list[tuple[int, float]]]:
     d = x - x.max()
     lp = d - F32(math.log(np.exp(d).sum(dtype=np.float64)))
     n = min(k, int(np.count_nonzero(lp > -np.inf)))

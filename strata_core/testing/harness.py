@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
@@ -19,6 +20,8 @@ from strata_core.backend import Backend
 from strata_core.build import EngineBuild
 from strata_core.config import EngineConfig
 from strata_core.reader import engine_command
+
+E = TypeVar("E", bound=proto.Event)
 
 
 def free_port() -> int:
@@ -62,7 +65,7 @@ class EngineProcess:
             raise EOFError("the engine exited")
         return proto.parse_event(line)
 
-    def expect(self, kind: type, timeout: float = 120) -> proto.Event:
+    def expect(self, kind: type[E], timeout: float = 120) -> E:
         ev = self.next_event(timeout)
         if not isinstance(ev, kind):
             raise AssertionError(f"expected {kind.__name__}, got {ev!r}")

@@ -40,7 +40,7 @@ def greedy_runs(engine: EngineProcess) -> list[Run]:
     runs = []
     for i, text in enumerate(PROMPTS):
         engine.send(proto.Tokenize(f"tk{i}", text, True))
-        ids = list(engine.expect(proto.Tokens).ids)  # type: ignore[attr-defined]
+        ids = list(engine.expect(proto.Tokens).ids)
         events = engine.run(f"ref{i}", ids, max_tokens=N_TOKENS, logprobs=2)
         tokens = [e.id for e in events if isinstance(e, proto.Token)]
         lps = [e for e in events if isinstance(e, proto.Logprob)]

@@ -50,7 +50,7 @@ def test_registration_and_probe(kit_backend: Backend) -> None:
 
 
 def test_ready_fields(kit_engine: EngineProcess, kit_backend: Backend) -> None:
-    info = kit_engine.ready.info  # type: ignore[attr-defined]
+    info = kit_engine.ready.info
     assert info["protocol"] == proto.PROTOCOL_VERSION
     assert info["backend"] == kit_backend.name
     for key in ("n_vocab", "n_ctx", "slots", "eog", "capabilities", "llama_cpp_python"):

@@ -1,0 +1,98 @@
+"""Speculation on against off, in one run, on the default model (greedy, streamed).
+
+    python bench/speculative.py [--requests 4] [--max-tokens 128]
+
+Workloads: copy-heavy (repeat or lightly edit a given passage or code) and open-ended,
+at concurrency 1 and 4. Prints tokens/s for each mode, the on/off ratio, and the
+acceptance (accepted / drafted tokens) from the responses' usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from strata_core.testing.harness import Server  # noqa: E402
+
+PASSAGE = (
+    "The lighthouse stood at the edge of the cliff for two hundred years. Every night its "
+    "keeper climbed the ninety steps, trimmed the wick, and watched the ships pass safely "
+    "through the narrow channel below."
+)
+CODE = (
+    "def total(items):\n    result = 0\n    for item in items:\n        result += item.price * item.count\n"
+    "    return result\n"
+)
+WORKLOADS = {
+    "copy-heavy": [
+        f"Repeat the following passage exactly, word for word:\n\n{PASSAGE}",
+        f"Rewrite this function, renaming `items` to `products`, and change nothing else:\n\n{CODE}",
+        f"Copy this text and replace 'lighthouse' with 'tower':\n\n{PASSAGE}",
+        f"Quote this code back to me unchanged:\n\n{CODE}",
+    ],
+    "open-ended": [
+        "Write a short story about a dragon who learns to bake.",
+        "Explain why the sky is blue.",
+        "Give me five ideas for a birthday party.",
+        "Describe a walk through a forest in autumn.",
+    ],
+}
+
+
+def one(base: str, prompt: str, max_tokens: int) -> tuple[int, int, int]:
+    body = {"model": "default", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens}
+    u = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=600).json()["usage"]
+    spec = u.get("speculative", {})
+    return u["completion_tokens"], spec.get("drafted_tokens", 0), spec.get("accepted_tokens", 0)
+
+
+def load(base: str, prompts: list[str], concurrency: int, requests: int, max_tokens: int) -> dict[str, float]:
+    jobs = [prompts[i % len(prompts)] for i in range(requests)]
+    one(base, prompts[0], 4)  # warm-up
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        results = list(pool.map(lambda p: one(base, p, max_tokens), jobs))
+    wall = time.perf_counter() - t0
+    tokens, drafted, accepted = (sum(col) for col in zip(*results, strict=True))
+    return {"tok_s": tokens / wall, "tokens": tokens, "drafted": drafted, "accepted": accepted}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--model", default="default")
+    a = ap.parse_args()
+    table: dict[tuple[str, str, int], dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in ("off", "ngram"):
+            cfg = Path(tmp) / f"{mode}.toml"
+            cfg.write_text(f'[speculative]\nmode = "{mode}"\n')
+            srv = Server(["--config", str(cfg), "--model", a.model, "--parallel", "4"], Path(tmp) / f"{mode}.log")
+            try:
+                srv.wait_ready()
+                for name, prompts in WORKLOADS.items():
+                    for c in (1, 4):
+                        r = load(srv.base, prompts, c, a.requests * c, a.max_tokens)
+                        table[(mode, name, c)] = r
+                        print(f"spec {mode:<5} {name:<10} c={c}: {r['tok_s']:7.1f} tok/s  "
+                              f"({r['tokens']:.0f} tokens, accepted {r['accepted']:.0f}/{r['drafted']:.0f})", flush=True)  # fmt: skip
+            finally:
+                srv.stop()
+    for name in WORKLOADS:
+        for c in (1, 4):
+            on, off = table[("ngram", name, c)], table[("off", name, c)]
+            acc = on["accepted"] / on["drafted"] if on["drafted"] else 0.0
+            print(f"{name:<10} c={c}: on/off tokens/s x{on['tok_s'] / off['tok_s']:.3f}, acceptance {acc:.2f}")
+
+
+if __name__ == "__main__":
+    main()
