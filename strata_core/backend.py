@@ -82,6 +82,12 @@ class Backend(ABC):
     #: Conformance tests this backend is known to fail: test name -> why. The kit marks
     #: them as expected failures (strict), so they are reported, never skipped.
     expected_failures: ClassVar[Mapping[str, str]] = {}
+    #: The environment probes read; None means os.environ at call time (tests inject one).
+    _env: Mapping[str, str] | None = None
+
+    @property
+    def env(self) -> Mapping[str, str]:
+        return os.environ if self._env is None else self._env
 
     @abstractmethod
     def probe(self) -> Probe:

@@ -96,10 +96,6 @@ class CudaBackend(Backend):
         self._env = env
         self.default_home = default_home
 
-    @property
-    def env(self) -> Mapping[str, str]:
-        return os.environ if self._env is None else self._env
-
     def find_nvcc(self) -> str | None:
         # CMake's order: the toolkit the operator named, then PATH, then the default install.
         env = self.env

@@ -67,10 +67,6 @@ class HipBackend(Backend):
         self._env = env
         self.default_home = default_home
 
-    @property
-    def env(self) -> Mapping[str, str]:
-        return os.environ if self._env is None else self._env
-
     def find(self, tool: str) -> str | None:
         """A ROCm tool from $ROCM_PATH/bin, PATH or the default install, in that order."""
         dirs = [os.path.join(self.env["ROCM_PATH"], "bin")] if self.env.get("ROCM_PATH") else []

@@ -36,10 +36,6 @@ class MetalBackend(Backend):
         self.system = system or platform.system()
         self.machine = machine or platform.machine()
 
-    @property
-    def env(self) -> Mapping[str, str]:
-        return os.environ if self._env is None else self._env
-
     def unavailable(self) -> Probe | None:
         """Why Metal cannot be built here, or None."""
         if (self.system, self.machine) != ("Darwin", "arm64"):

@@ -60,10 +60,6 @@ class SyclBackend(Backend):
         self._env = env
         self.oneapi_root = oneapi_root
 
-    @property
-    def env(self) -> Mapping[str, str]:
-        return os.environ if self._env is None else self._env
-
     def missing_toolchain(self) -> str | None:
         """Why icx/icpx cannot be used, or None when both are on PATH."""
         missing = [c for c in COMPILERS if which(c, self.env) is None]
