@@ -81,7 +81,9 @@ async def one(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int,
 async def run_load(base: str, concurrency: int, n_requests: int, max_tokens: int) -> Result:
     res = Result()
     sem = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(timeout=600) as client:
+    # No keep-alive: llama-server closes streamed connections that a pool would reuse.
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         await one(client, f"{base}/v1/chat/completions", PROMPTS[0], 8, Result())  # warm-up
 
         async def guarded(i: int) -> None:
@@ -99,8 +101,8 @@ def wait_health(base: str, proc: subprocess.Popen[bytes], timeout: float = 300) 
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+        try:  # llama-cpp-python's server has no /health; /v1/models answers once it is up
+            if any(httpx.get(f"{base}{p}", timeout=2).status_code == 200 for p in ("/health", "/v1/models")):
                 return
         except httpx.HTTPError:
             pass
