@@ -125,7 +125,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             print(f"  flags: {' '.join(build.meta.get('cmake_args', []))}")
         else:
             print(f"engine build: none yet (run `strata engine build --backend {backend.name}`)")
-    except BackendError as exc:
+    except (BackendError, BuildError) as exc:
         print(f"selected backend: none ({exc})")
     try:
         m = resolve_model(cfg.engine.model)
