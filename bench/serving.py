@@ -61,6 +61,7 @@ async def one(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int,
     }
     t0 = time.perf_counter()
     last = None
+    usage, chunks = None, 0
     async with client.stream("POST", url, json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
@@ -68,17 +69,24 @@ async def one(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int,
                 continue
             ev = json.loads(line[6:])
             if ev.get("usage"):
-                res.tokens += ev["usage"]["completion_tokens"]
+                usage = ev["usage"]["completion_tokens"]
             if ev.get("choices") and ev["choices"][0].get("delta", {}).get("content"):
+                chunks += 1
                 now = time.perf_counter()
                 if last is None:
                     res.ttft.append(now - t0)
                 else:
                     res.itl.append(now - last)
                 last = now
+    # llama-cpp-python's server sends no usage chunk: count its content chunks instead.
+    res.tokens += usage if usage is not None else chunks
 
 
-async def run_load(base: str, concurrency: int, n_requests: int, max_tokens: int) -> Result:
+async def run_load(base: str, concurrency: int, n_requests: int, max_tokens: int, repeat: bool = False) -> Result:
+    """``n_requests`` streamed chats, ``concurrency`` at a time. Unless ``repeat``, each
+    prompt starts with a tag naming its run, so no server answers from a cache of an
+    earlier run's prompts (llama-server keeps whole prompts in host memory); only the
+    chat template's own preamble is shared, as between real users."""
     res = Result()
     sem = asyncio.Semaphore(concurrency)
     # No keep-alive: llama-server closes streamed connections that a pool would reuse.
@@ -87,8 +95,11 @@ async def run_load(base: str, concurrency: int, n_requests: int, max_tokens: int
         await one(client, f"{base}/v1/chat/completions", PROMPTS[0], 8, Result())  # warm-up
 
         async def guarded(i: int) -> None:
+            prompt = PROMPTS[i % len(PROMPTS)]
+            if not repeat:
+                prompt = f"[run {concurrency}-{i}] {prompt}"
             async with sem:
-                await one(client, f"{base}/v1/chat/completions", PROMPTS[i % len(PROMPTS)], max_tokens, res)
+                await one(client, f"{base}/v1/chat/completions", prompt, max_tokens, res)
 
         t0 = time.perf_counter()
         await asyncio.gather(*(guarded(i) for i in range(n_requests)))
@@ -143,6 +154,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--ngl", type=int, default=0, help="layers on the GPU for the peers (Strata uses the backend's default)")
     ap.add_argument("--llama-cpp-python", action="store_true", help="also run llama-cpp-python's server")
+    ap.add_argument("--repeat-prompts", action="store_true",
+                    help="reuse the same prompts at every concurrency (measures the peers' prompt caches)")
     ap.add_argument("--port", type=int, default=8931)
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
@@ -164,7 +177,7 @@ def main() -> None:
         try:
             wait_health(base, proc)
             for c in args.concurrency:
-                r = asyncio.run(run_load(base, c, args.requests, args.max_tokens))
+                r = asyncio.run(run_load(base, c, args.requests, args.max_tokens, args.repeat_prompts))
                 row = {"tok_s": r.tokens / r.wall, "ttft_p50_ms": p50(r.ttft), "itl_p50_ms": p50(r.itl),
                        "tokens": r.tokens}  # fmt: skip
                 table.setdefault(name, {})[c] = row

@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from strata_core import openai as oai
@@ -303,22 +303,22 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
         yield
         await service.engine.close()
 
-    app = FastAPI(title="Strata", lifespan=lifespan)
     cfg = service.config
+
+    async def _auth(request: Request) -> None:
+        # A dependency, not a middleware: an HTTP middleware would wrap every streamed
+        # chunk in an extra task hand-off.
+        key = cfg.server.api_key
+        if key and request.url.path.startswith("/v1/"):
+            if request.headers.get("authorization") != f"Bearer {key}":
+                raise ApiError(401, "invalid or missing API key", code="invalid_api_key",
+                               type="authentication_error")
+
+    app = FastAPI(title="Strata", lifespan=lifespan, dependencies=[Depends(_auth)])
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
-
-    @app.middleware("http")
-    async def _auth(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        key = cfg.server.api_key
-        if key and request.url.path.startswith("/v1/"):
-            if request.headers.get("authorization") != f"Bearer {key}":
-                err = ApiError(401, "invalid or missing API key", code="invalid_api_key",
-                               type="authentication_error")
-                return JSONResponse(err.body(), status_code=401)
-        return await call_next(request)
 
     async def body_of(request: Request) -> Any:
         raw = await request.body()
