@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                 flash_attn={"on": True, "off": False}.get(args.flash_attn),
             )
         )
+        llama.warm_up()
     except Exception as exc:
         out.emit(proto.Error(None, f"engine failed to start: {exc}"))
         out.flush()
