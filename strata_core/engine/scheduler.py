@@ -1,7 +1,7 @@
 """Slots and continuous batching.
 
-Each step is one ``llama_decode`` that holds one token for every decoding slot plus
-chunks of pending prompts, within ``n_batch``. New requests join between steps and take
+Each step decodes chunks of pending prompts and then one token (or a speculative window)
+for every decoding slot, within ``n_batch`` together. New requests join between steps and take
 the free slot whose cached tokens share the longest prefix with their prompt; finished
 or cancelled slots free at once and keep their cache for the next request.
 """
@@ -130,35 +130,45 @@ class Scheduler:
     # ---- one step ---------------------------------------------------------------------
 
     def step(self) -> None:
+        """One step: prompt chunks in one ``llama_decode``, then one token (or one
+        speculative window) per decoding slot in a second.
+
+        Decode rows never share a batch with prompt chunks, so a sampled row is computed
+        the same way whatever else is prefilling; and a prompt whose last chunk goes in
+        this step gets its first token in this step too.
+        """
         self._admit()
         batch = self.batch
-        batch.clear()
         decoding = [s for s in self.slots if s.req is not None and s.last is not None and not s.pending]
         speculate = len(decoding) <= SPEC_MAX_SLOTS
-        windows: list[tuple[Slot, int, list[int]]] = []
-        for slot in decoding:
-            assert slot.last is not None
-            draft = self._draft(slot) if speculate else []
-            pos = len(slot.cached)
-            if draft:
-                windows.append((slot, batch.add([slot.last, *draft], pos, slot.seq, "all"), draft))
-            else:
-                windows.append((slot, batch.add_one(slot.last, pos, slot.seq), []))
-        budget = batch.capacity - batch.n
-        chunks: list[tuple[Slot, list[int]]] = []
+        drafts = [self._draft(slot) if speculate else [] for slot in decoding]
+        budget = batch.capacity - sum(1 + len(d) for d in drafts)
+        batch.clear()
         for slot in self.slots:
             if slot.req is None or not slot.pending or budget <= 0:
                 continue
             chunk = slot.pending[:budget]
             batch.add(chunk, len(slot.cached), slot.seq, "none")
-            chunks.append((slot, chunk))
             budget -= len(chunk)
-        if batch.n == 0:
-            return
-        self.llama.decode(batch)
-        for slot, chunk in chunks:
             slot.cached.extend(chunk)
             del slot.pending[: len(chunk)]
+            if not slot.pending:  # prefilled: its last prompt token decodes below
+                decoding.append(slot)
+                drafts.append([])
+        if batch.n:
+            self.llama.decode(batch)
+        if not decoding:
+            return
+        batch.clear()
+        windows: list[tuple[Slot, int, list[int]]] = []
+        for slot, draft in zip(decoding, drafts, strict=True):
+            assert slot.last is not None
+            pos = len(slot.cached)
+            if draft:
+                windows.append((slot, batch.add([slot.last, *draft], pos, slot.seq, "all"), draft))
+            else:
+                windows.append((slot, batch.add_one(slot.last, pos, slot.seq), []))
+        self.llama.decode(batch)
         for slot, idx, draft in windows:
             assert slot.last is not None
             slot.cached.append(slot.last)
