@@ -13,7 +13,6 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from strata_core import protocol as proto
-
 from strata_core.protocol import (
     DONE_REASONS,
     PROTOCOL_VERSION,

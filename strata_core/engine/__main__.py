@@ -98,8 +98,8 @@ def stdin_reader(q: queue.Queue[Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # Imported here so --help works without a native build on the path.
-    from strata_core.engine.llama import Llama, ModelOptions
     from strata_core.engine.grammar import Grammars
+    from strata_core.engine.llama import Llama, ModelOptions
     from strata_core.engine.sampler import SamplingParams
     from strata_core.engine.scheduler import Request, Scheduler
 
