@@ -30,7 +30,8 @@ def json_schema_grammar(schema: dict[str, Any] | str, *, lenient: bool = False) 
 
     ``lenient``: ignore keywords llguidance does not implement instead of refusing them.
     """
-    return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides={**JSON_STYLE, "lenient": lenient})
+    options: Any = {**JSON_STYLE, "lenient": lenient}  # llguidance's JsonCompileOptions
+    return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=options)
 
 
 def llguidance_grammar(kind: str, text: str) -> str:
