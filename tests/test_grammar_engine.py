@@ -129,3 +129,16 @@ def test_speculation_under_a_grammar_keeps_the_output(engine: EngineProcess, pie
     assert int(on_done.stats["drafted"]) > 0 and int(on_done.stats["accepted"]) > 0, on_done.stats
     assert on == off and on_done.reason == off_done.reason
     jsonschema.validate(json.loads(on), schema)
+
+
+def test_a_grammar_that_permits_nothing_fails_only_its_request(engine: EngineProcess, pieces: tuple[bytes, ...]) -> None:
+    prompt = tokenize(engine, "Hello")
+    brace = tokenize(engine, "{")
+    other = next(t for t in range(100, 200) if pieces[t] and not pieces[t].startswith(b"{"))
+    assert brace and other not in brace
+    # json_object must start with '{': with only `other` allowed, nothing is permitted.
+    events = engine.run("none", prompt, max_tokens=4, grammar="json_object", allowed=str(other))
+    assert isinstance(events[0], proto.Error) and "permitted" in events[0].message, events
+    assert isinstance(events[-1], proto.Done) and events[-1].reason == "error"
+    _, ids, done, _ = generate(engine, "next", prompt, pieces, max_tokens=3)
+    assert len(ids) == 3 and done.reason == "length"
