@@ -48,7 +48,6 @@ MAX_TOP_LOGPROBS = 20
 NOT_YET_SUPPORTED: tuple[str, ...] = (
     "tools",
     "tool_choice",
-    "response_format",
     "functions",
     "function_call",
     "parallel_tool_calls",
@@ -105,6 +104,27 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+
+
+class JsonSchemaFormat(_Strict):
+    """``response_format.json_schema``; the schema itself is checked by structured.py."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    # "schema" would shadow BaseModel.schema(): the JSON key is an alias.
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_iff_json_schema(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise _invalid('json_schema is required with type "json_schema", and only there')
+        return self
 
 
 class TextPart(_Strict):
@@ -179,6 +199,7 @@ class BaseRequest(_Strict):
     logprobs_mode: Literal["raw", "processed"] | None = None
     # Extension: false turns off the server's speculative decoding for this request.
     speculative: bool | None = None
+    response_format: ResponseFormat | None = None
 
     @model_validator(mode="before")
     @classmethod

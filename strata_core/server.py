@@ -24,6 +24,7 @@ from strata_core.models import ALIASES
 from strata_core.reader import EngineClient, EngineUnavailable, Finished, TokenEvent
 from strata_core.requests import BaseRequest, ChatRequest, CompletionRequest, parse_request
 from strata_core.sampling import resolve_seed, sampling_keys
+from strata_core.structured import Constraint, constraint_for, reconcile_choice
 from strata_core.text import Detokenizer, StopMatcher, decode
 
 log = logging.getLogger("strata.server")
@@ -285,6 +286,12 @@ async def _collect(it: AsyncIterator[Delta]) -> Collected:
     raise EngineUnavailable("the engine ended the request without DONE")
 
 
+def _reconciled(r: Collected, constraint: Constraint) -> Collected:
+    """A structured choice as returned: structured.reconcile_choice's content and entries."""
+    text, entries = reconcile_choice(r.text, r.entries, constraint.schema)
+    return Collected(text, r.finish, r.usage, entries)
+
+
 def _logprobs_body(entries: list[Entry] | None, chat: bool, offset: int = 0) -> dict[str, Any] | None:
     if entries is None:
         return None
@@ -365,6 +372,7 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
     ) -> Response:
         check_model(req)
         check_token_ids(req)
+        constraint = constraint_for(req.response_format)
         seed = resolve_seed(req.seed)
         max_new = [service.check_lengths(p, req, param) for p in prompts]
         rid = oai.new_id("chatcmpl" if chat else "cmpl")
@@ -375,6 +383,8 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
             echo = echoes[pi] if echoes else ""
             for j in range(req.n):
                 keys = keys_for(req, max_new[pi], _seed_for_choice(seed, pi * req.n + j))
+                if constraint is not None:
+                    keys["grammar"] = constraint.gen_value()
                 iters.append(service.start_choice(prompt, keys, stops, top_k, echo))
         headers = {"x-strata-seed": str(seed)}
         if req.stream:
@@ -392,6 +402,8 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
         usage = oai.Usage(prompt=sum(len(p) for p in prompts))
         for i, r in enumerate(results):
             usage.add_choice(r.usage, first_of_prompt=i % req.n == 0)
+        if constraint is not None and not echoes:  # an echoed prompt is not part of the value
+            results = [_reconciled(r, constraint) for r in results]
         choices = [
             oai.Choice(i, r.text, r.finish, _logprobs_body(r.entries, chat))
             for i, r in enumerate(results)
