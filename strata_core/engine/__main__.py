@@ -98,8 +98,10 @@ def stdin_reader(q: queue.Queue[Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # Imported here so --help works without a native build on the path.
+    # llama.py first: libllama's native libraries must load before numpy's. The other
+    # order made model loading segfault with CUDA 13 and numpy 2.5 on an H200.
+    from strata_core.engine.llama import Llama, ModelOptions  # isort: skip
     from strata_core.engine.grammar import Grammars
-    from strata_core.engine.llama import Llama, ModelOptions
     from strata_core.engine.sampler import SamplingParams
     from strata_core.engine.scheduler import Request, Scheduler
 
