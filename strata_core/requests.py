@@ -8,6 +8,7 @@ a seed is stored modulo 2**64, and ``logit_bias`` keys become ints.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any, Literal, TypeVar
@@ -129,6 +130,14 @@ class MessageToolCall(_Strict):
     function: FunctionCall
 
 
+def _json_object(text: str) -> Any:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = Field(default=None, validate_default=True)
@@ -168,6 +177,29 @@ class ChatMessage(_Strict):
                 raise _invalid('expected text parts of the form {"type": "text", "text": "..."}')
             parts.append(TextPart(type="text", text=part["text"]))
         return parts
+
+    def template_view(self) -> dict[str, Any]:
+        """The message as chat templates read it (Hugging Face's form): text parts joined,
+        null content as "", and call arguments as the object they spell, which templates
+        render with ``tojson`` (text that is not a JSON object stays text)."""
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(p.text for p in content)
+        out: dict[str, Any] = {"role": self.role, "content": content or ""}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": c.type,
+                    "function": {"name": c.function.name, "arguments": _json_object(c.function.arguments)},
+                }
+                for c in self.tool_calls
+            ]
+        return out
 
     @model_validator(mode="after")
     def _tool_fields(self) -> ChatMessage:

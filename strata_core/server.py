@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import time
@@ -22,9 +23,19 @@ from strata_core.logprobs import Aligner, Entry, Span
 from strata_core.metrics import Metrics
 from strata_core.models import ALIASES
 from strata_core.reader import EngineClient, EngineUnavailable, Finished, TokenEvent
+from strata_core.reasoning import Piece, ThinkSplitter, prompt_opens_think
 from strata_core.requests import BaseRequest, ChatRequest, CompletionRequest, parse_request
 from strata_core.sampling import resolve_seed, sampling_keys
 from strata_core.text import Detokenizer, StopMatcher, decode
+from strata_core.tools import (
+    CallDelta,
+    Dialect,
+    ToolCall,
+    ToolCallParser,
+    call_grammar,
+    grammar_problem,
+    split_events,
+)
 
 log = logging.getLogger("strata.server")
 T = TypeVar("T")
@@ -32,59 +43,119 @@ T = TypeVar("T")
 
 @dataclass
 class Delta:
-    """A piece of one choice's text; the last one carries the finish reason and usage.
+    """A piece of one choice's reply; the last one carries the finish reason and usage.
 
-    ``entries``: when logprobs were asked for, the entries handed out with this piece
-    (logprobs.Span's rule: over the whole choice they spell its text); else None.
+    ``text`` is content, ``reasoning`` the reasoning shown before it, ``calls`` tool-call
+    deltas. ``entries`` / ``reasoning_entries``: when logprobs were asked for, the entries
+    handed out with this piece (logprobs.Span's rule: over the whole choice they spell
+    its content / its reasoning); else None. ``tool_calls``: on the last piece, the
+    choice's calls whole when tool calls were parsed, else None.
     """
 
     text: str
     finish: str | None = None
     usage: oai.Usage | None = None
     entries: list[Entry] | None = None
+    reasoning: str = ""
+    reasoning_entries: list[Entry] | None = None
+    calls: list[CallDelta] = field(default_factory=list)
+    tool_calls: list[ToolCall] | None = None
+
+    def shows(self) -> bool:
+        return bool(self.text or self.reasoning or self.calls)
+
+
+@dataclass(frozen=True)
+class ChatShape:
+    """How a chat reply is cut up: ``thinking`` the prompt left a ``<think>`` block open;
+    ``dialect`` parse tool calls in it (None: the reply is only content)."""
+
+    thinking: bool = False
+    dialect: Dialect | None = None
+
+
+def _joined(a: list[Entry] | None, b: list[Entry] | None) -> list[Entry] | None:
+    return b if a is None else a + (b or [])
 
 
 class ChoiceText:
     """One choice's tokens -> released text (stop strings applied) and logprob entries.
 
     Without logprobs it is a Detokenizer and a StopMatcher; with them an Aligner decodes,
-    and a Span hands out the entries of the text released so far, cut where a stop
-    string cuts the text, so the entries always spell the (trimmed) content exactly.
+    and Spans hand out the entries of the text released so far, cut where a stop string
+    cuts the text, so the entries always spell the (trimmed) text exactly. For chat
+    (``shape``), the released text is split into reasoning and content (reasoning.py),
+    each with its own Span, and the content into text and tool calls (tools.py); the
+    content's entries spell the content as the model wrote it, calls included.
     """
 
-    def __init__(self, pieces: list[bytes], stops: list[str], top_k: int | None) -> None:
+    def __init__(
+        self, pieces: list[bytes], stops: list[str], top_k: int | None, shape: ChatShape | None = None
+    ) -> None:
         self._matcher = StopMatcher(stops)
         self._detok = Detokenizer(pieces)
         self._aligner = None if top_k is None else Aligner(pieces, top_k)
-        self._span = None if self._aligner is None else Span(self._aligner)
+        self._think = None if shape is None else ThinkSplitter(shape.thinking)
+        self._tools = None if shape is None or shape.dialect is None else ToolCallParser(shape.dialect)
+        self._spans: dict[str, Span] = {}  # "reasoning" / "content", opened at their start
         self._released = 0  # characters of the text shown so far
         self.stopped = False
 
-    def push(self, ev: TokenEvent) -> tuple[str, list[Entry] | None]:
-        """Take the next token: the text now safe to show and the entries that go with it."""
+    @property
+    def tool_calls(self) -> list[ToolCall] | None:
+        return None if self._tools is None else self._tools.calls
+
+    def push(self, ev: TokenEvent) -> Delta:
+        """Take the next token: the reply now safe to show and the entries that go with it."""
         if self._aligner is None:
             text = self._detok.feed(ev.id)
         else:
             text = self._aligner.add(ev.id, ev.logprob)
         safe, self.stopped = self._matcher.push(text)
-        return safe, self._release(safe, last=self.stopped)
+        return self._release(safe, last=self.stopped)
 
-    def end(self) -> tuple[str, list[Entry] | None]:
-        """The engine is done: the rest of the text and of the entries."""
+    def end(self) -> Delta:
+        """The engine is done: the rest of the reply and of the entries."""
         if self.stopped:  # the stop already released (and closed) everything
-            return "", None if self._span is None else []
+            empty: list[Entry] | None = None if self._aligner is None else []
+            return Delta("", entries=empty, reasoning_entries=empty)
         text = self._detok.flush() if self._aligner is None else self._aligner.flush()
         safe, self.stopped = self._matcher.push(text)
         tail = safe if self.stopped else safe + self._matcher.flush()
-        return tail, self._release(tail, last=True)
+        return self._release(tail, last=True)
 
-    def _release(self, text: str, last: bool) -> list[Entry] | None:
+    def _release(self, text: str, last: bool) -> Delta:
+        start = self._released
         self._released += len(text)
-        if self._span is None:
-            return None
-        if last:
-            return self._span.close(self._released)
-        return self._span.take(self._released) if text else []
+        if self._think is None:
+            pieces = [Piece("content", text, start, self._released)] if text else []
+        else:
+            pieces = self._think.push(text) + (self._think.flush() if last else [])
+        out = Delta("".join(p.text for p in pieces if p.kind == "content"))
+        out.reasoning = "".join(p.text for p in pieces if p.kind == "reasoning")
+        if self._tools is not None:
+            events = self._tools.push(out.text) + (self._tools.flush() if last else [])
+            out.text, out.calls = split_events(events)
+        if self._aligner is not None:
+            reasoning_end = None if self._think is None else self._think.reasoning_end
+            out.reasoning_entries = self._entries("reasoning", pieces, reasoning_end, last)
+            out.entries = self._entries("content", pieces, self._released if last else None, last)
+        return out
+
+    def _entries(self, kind: str, pieces: list[Piece], end: int | None, last: bool) -> list[Entry]:
+        """The entries of ``kind``'s text released now; ``end``: where that text ended."""
+        assert self._aligner is not None
+        mine = [p for p in pieces if p.kind == kind]
+        span = self._spans.get(kind)
+        if span is None:
+            if not mine:
+                return []
+            span = self._spans[kind] = Span(self._aligner, mine[0].start)
+        if span.closed:
+            return []
+        if end is not None or last:
+            return span.close(end)
+        return span.take(mine[-1].end) if mine else []
 
 
 @dataclass
@@ -129,19 +200,56 @@ class Service:
             ids.insert(0, bos)
         return ids
 
-    async def chat_prompt(self, req: ChatRequest) -> list[int]:
+    async def chat_prompt(self, req: ChatRequest) -> tuple[list[int], ChatShape]:
+        """The prompt's token ids, and how the reply will be cut up."""
         assert self.template is not None
-        messages = []
-        for m in req.messages:
-            content = m.content
-            if isinstance(content, list):
-                content = "".join(p.text for p in content)
-            messages.append({"role": m.role, "content": content or ""})
+        dialect = self.template.tool_dialect
+        if req.tools and dialect is None:
+            raise ApiError(
+                400,
+                "this model's chat template does not support tools (it never reads them), "
+                "so the model would not see them; leave tools out",
+                param="tools",
+                code="unsupported_value",
+            )
+        mode = req.tool_mode()
+        tools = None if mode == "none" else [t.template_view() for t in req.tools or ()]
+        messages = [m.template_view() for m in req.messages]
         try:
-            text = self.template.render(messages, add_generation_prompt=True)
+            text = self.template.render(
+                messages, add_generation_prompt=True, tools=tools, **(req.chat_template_kwargs or {})
+            )
         except TemplateError as exc:
             raise ApiError(400, f"the chat template failed: {exc}", param="messages") from None
-        return await self.engine.tokenize(text, special=True)
+        shape = ChatShape(prompt_opens_think(text), None if mode == "none" else dialect)
+        return await self.engine.tokenize(text, special=True), shape
+
+    def tool_grammar(self, req: ChatRequest) -> str | None:
+        """The GEN ``grammar`` value forcing a call for tool_choice required / named."""
+        mode = req.tool_mode()
+        if mode not in ("required", "named"):
+            return None
+        dialect = self.template.tool_dialect if self.template is not None else None
+        assert dialect is not None  # chat_prompt refused tools without one
+        if "grammar" not in self.engine.info.get("capabilities", ()):
+            raise ApiError(
+                400,
+                f"tool_choice {mode!r} needs constrained decoding, which this engine does not "
+                "offer (no 'grammar' capability); send tool_choice 'auto'",
+                param="tool_choice",
+                code="unsupported_value",
+            )
+        tools = [t.template_view() for t in req.forced_tools()]
+        grammar = call_grammar(tools, dialect, parallel=req.parallel_tool_calls is not False)
+        problem = grammar_problem(grammar)
+        if problem is not None:
+            raise ApiError(
+                400,
+                f"the tools' parameters cannot be enforced: {problem}",
+                param="tools",
+                code="invalid_value",
+            )
+        return "lark:" + base64.b64encode(grammar.encode()).decode("ascii")
 
     def check_lengths(self, prompt: list[int], req: BaseRequest, param: str) -> int:
         """The max_tokens to send; 400 when the prompt or the request exceed the context."""
@@ -176,11 +284,13 @@ class Service:
         stops: list[str],
         top_k: int | None = None,
         echo: str = "",
+        shape: ChatShape | None = None,
     ) -> AsyncIterator[Delta]:
         """Send GEN now (so an unavailable engine fails before the first byte).
 
         ``top_k``: logprobs with that many alternatives per token, None for none;
-        ``echo``: text shown before the generated text (completions' ``echo``).
+        ``echo``: text shown before the generated text (completions' ``echo``);
+        ``shape``: a chat reply's reasoning / tool-call split (None: plain text).
         """
         try:
             stream = self.engine.generate(prompt, keys)
@@ -188,12 +298,13 @@ class Service:
             raise ApiError(503, f"the engine is unavailable: {exc}", type="server_error",
                            code="engine_unavailable") from None
         self.metrics.requests.inc()
-        return self._follow(stream, ChoiceText(self.pieces, stops, top_k), echo)
+        return self._follow(stream, ChoiceText(self.pieces, stops, top_k, shape), echo)
 
     async def _follow(self, stream: Any, choice: ChoiceText, echo: str) -> AsyncIterator[Delta]:
         t0 = time.perf_counter()
         last = t0
-        carried: list[Entry] = []  # entries a stop released with no text: sent with the end
+        # entries released with no text (a stop, a think tag): sent with the next piece
+        carried = Delta("")
         try:
             if echo:
                 yield Delta(echo)
@@ -214,27 +325,37 @@ class Service:
                     self.metrics.prompt_tokens.inc(usage.prompt)
                     self.metrics.cached_tokens.inc(usage.cached)
                     self.metrics.gen_tokens.inc(usage.completion)
-                    tail, entries = choice.end()
-                    if entries is not None:
-                        entries = carried + entries
+                    tail = _carry(carried, choice.end())
                     finish = "stop" if choice.stopped or ev.reason != "length" else "length"
-                    yield Delta(tail, finish, usage, entries)
+                    tail.tool_calls = choice.tool_calls
+                    if finish == "stop" and tail.tool_calls:
+                        finish = "tool_calls"
+                    tail.finish, tail.usage = finish, usage
+                    yield tail
                     return
                 now = time.perf_counter()
                 (self.metrics.itl if last != t0 else self.metrics.ttft).observe(now - last)
                 last = now
                 if choice.stopped:
                     continue
-                safe, entries = choice.push(ev)
+                piece = _carry(carried, choice.push(ev))
                 if choice.stopped:
                     self.engine.cancel(stream.rid)
-                if safe:
-                    yield Delta(safe, entries=entries)
-                elif entries:
-                    carried += entries
+                if piece.shows():
+                    carried = Delta("")
+                    yield piece
+                else:
+                    carried = piece
         finally:
             if not stream.finished:
                 self.engine.cancel(stream.rid)
+
+
+def _carry(carried: Delta, d: Delta) -> Delta:
+    """``d`` with the entries of earlier pieces that showed nothing put before its own."""
+    d.entries = _joined(carried.entries, d.entries)
+    d.reasoning_entries = _joined(carried.reasoning_entries, d.reasoning_entries)
+    return d
 
 
 # ---- app ---------------------------------------------------------------------------------
@@ -270,25 +391,58 @@ class Collected:
     finish: str
     usage: oai.Usage
     entries: list[Entry] | None  # None: logprobs were not asked for
+    reasoning: str = ""
+    reasoning_entries: list[Entry] | None = None
+    tool_calls: list[ToolCall] | None = None
+
+    def choice(self, index: int, chat: bool) -> oai.Choice:
+        lp = _logprobs_body(self.entries, chat, reasoning=self.reasoning_entries)
+        return oai.Choice(index, self.text, self.finish, lp, self.reasoning, self.tool_calls)
 
 
 async def _collect(it: AsyncIterator[Delta]) -> Collected:
-    parts: list[str] = []
-    entries: list[Entry] | None = None
+    whole = Delta("")  # text, reasoning and entries so far
     async for d in it:
-        parts.append(d.text)
-        if d.entries is not None:
-            entries = [] if entries is None else entries
-            entries.extend(d.entries)
+        whole.text += d.text
+        whole.reasoning += d.reasoning
+        whole.entries = _joined(whole.entries, d.entries)
+        whole.reasoning_entries = _joined(whole.reasoning_entries, d.reasoning_entries)
         if d.finish is not None:
-            return Collected("".join(parts), d.finish, d.usage or oai.Usage(), entries)
+            return Collected(
+                whole.text, d.finish, d.usage or oai.Usage(), whole.entries,
+                whole.reasoning, whole.reasoning_entries or None, d.tool_calls,
+            )  # fmt: skip
     raise EngineUnavailable("the engine ended the request without DONE")
 
 
-def _logprobs_body(entries: list[Entry] | None, chat: bool, offset: int = 0) -> dict[str, Any] | None:
+def _logprobs_body(
+    entries: list[Entry] | None,
+    chat: bool,
+    offset: int = 0,
+    reasoning: list[Entry] | None = None,
+) -> dict[str, Any] | None:
     if entries is None:
         return None
-    return oai.chat_logprobs(entries) if chat else oai.completion_logprobs(entries, offset)
+    if chat:
+        return oai.chat_logprobs(entries, reasoning)
+    return oai.completion_logprobs(entries, offset)
+
+
+def _chat_parts(d: Delta) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+    """A streamed piece as chat deltas with their logprobs: the reasoning first, then the
+    content and tool calls (the last part takes the finish reason)."""
+    parts: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
+    if d.reasoning or d.reasoning_entries:
+        lp = None if d.entries is None else oai.chat_logprobs([], d.reasoning_entries)
+        parts.append(({"reasoning_content": d.reasoning} if d.reasoning else {}, lp))
+    delta: dict[str, Any] = {}
+    if d.text:
+        delta["content"] = d.text
+    if d.calls:
+        delta["tool_calls"] = [c.body() for c in d.calls]
+    if delta or d.entries or d.finish is not None or not parts:
+        parts.append((delta, _logprobs_body(d.entries, True)))
+    return parts
 
 
 def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
@@ -362,6 +516,8 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
         param: str,
         chat: bool,
         echoes: list[str] | None = None,
+        shape: ChatShape | None = None,
+        extra_keys: dict[str, str] | None = None,
     ) -> Response:
         check_model(req)
         check_token_ids(req)
@@ -375,7 +531,8 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
             echo = echoes[pi] if echoes else ""
             for j in range(req.n):
                 keys = keys_for(req, max_new[pi], _seed_for_choice(seed, pi * req.n + j))
-                iters.append(service.start_choice(prompt, keys, stops, top_k, echo))
+                keys.update(extra_keys or {})
+                iters.append(service.start_choice(prompt, keys, stops, top_k, echo, shape))
         headers = {"x-strata-seed": str(seed)}
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -392,10 +549,7 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
         usage = oai.Usage(prompt=sum(len(p) for p in prompts))
         for i, r in enumerate(results):
             usage.add_choice(r.usage, first_of_prompt=i % req.n == 0)
-        choices = [
-            oai.Choice(i, r.text, r.finish, _logprobs_body(r.entries, chat))
-            for i, r in enumerate(results)
-        ]
+        choices = [r.choice(i, chat) for i, r in enumerate(results)]
         build = oai.chat_response if chat else oai.completion_response
         return JSONResponse(build(rid, service.model_id, choices, usage, seed), headers=headers)
 
@@ -443,16 +597,17 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
                     return
                 if item.usage is not None:
                     usage.add_choice(item.usage, first_of_prompt=i % n == 0)
-                if item.text or item.finish or item.entries:
+                if chat:
+                    parts = _chat_parts(item)
+                    for k, (delta, lp) in enumerate(parts):
+                        finish = item.finish if k == len(parts) - 1 else None
+                        yield oai.sse(oai.chat_chunk(rid, model, created, i, delta, finish, lp))
+                elif item.text or item.finish or item.entries:
                     lp = _logprobs_body(item.entries, chat, offsets[i])
                     offsets[i] += sum(len(e.token) for e in item.entries or ())
-                    if chat:
-                        delta = {"content": item.text} if item.text else {}
-                        yield oai.sse(oai.chat_chunk(rid, model, created, i, delta, item.finish, lp))
-                    else:
-                        yield oai.sse(
-                            oai.completion_chunk(rid, model, created, i, item.text, item.finish, lp)
-                        )
+                    yield oai.sse(
+                        oai.completion_chunk(rid, model, created, i, item.text, item.finish, lp)
+                    )
             if include_usage:
                 obj = "chat.completion.chunk" if chat else "text_completion"
                 yield oai.sse(oai.usage_chunk(rid, model, created, obj, usage))
@@ -465,8 +620,11 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
     async def chat_completions(request: Request) -> Response:
         req = parse_request(ChatRequest, await body_of(request))
         await _ready_or_503()
-        prompt = await service.chat_prompt(req)
-        return await respond(request, req, [prompt], "messages", chat=True)
+        prompt, shape = await service.chat_prompt(req)
+        grammar = service.tool_grammar(req)
+        extra = {"grammar": grammar} if grammar is not None else None
+        return await respond(request, req, [prompt], "messages", chat=True, shape=shape,
+                             extra_keys=extra)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

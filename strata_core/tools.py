@@ -235,7 +235,7 @@ class ToolCallParser:
     @property
     def calls(self) -> list[ToolCall]:
         return [
-            ToolCall(i, n, "".join(a)) for i, n, a in zip(self._ids, self._names, self._args)
+            ToolCall(i, n, "".join(a)) for i, n, a in zip(self._ids, self._names, self._args, strict=True)
         ]
 
     def push(self, text: str) -> list[Event]:
@@ -426,3 +426,14 @@ def call_grammar(tools: Sequence[Mapping[str, Any]], dialect: Dialect, parallel:
         call, sep = body, _lark_string("; ")
     start = f"call ({sep} call)*" if parallel else "call"
     return f"start: {start}\ncall: {call}\n"
+
+
+def grammar_problem(lark: str) -> str | None:
+    """Why llguidance refuses a grammar (a tool's parameters it cannot enforce), or None.
+    Without llguidance installed here, the engine is left to judge."""
+    try:
+        from llguidance import LLMatcher
+    except ImportError:
+        return None
+    message = LLMatcher.validate_grammar(LLMatcher.grammar_from_lark(lark))
+    return message or None
