@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from strata_core.text import held_prefix
+
 OPEN = "<think>"
 CLOSE = "</think>"
 
@@ -38,14 +40,6 @@ class Piece:
 def prompt_opens_think(prompt: str) -> bool:
     """Whether a rendered prompt leaves the reply inside an open ``<think>`` block."""
     return prompt.rfind(OPEN) > prompt.rfind(CLOSE)
-
-
-def _held_prefix(text: str, tag: str) -> int:
-    """Length of the longest tail of ``text`` that is a proper prefix of ``tag``."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0
 
 
 class ThinkSplitter:
@@ -101,7 +95,7 @@ class ThinkSplitter:
                 self._drop(len(CLOSE))
                 self._state = "after"
             else:
-                self._take("reasoning", len(buf) - _held_prefix(buf, CLOSE), out)
+                self._take("reasoning", len(buf) - held_prefix(buf, CLOSE), out)
         elif self._state == "after":
             lead = len(buf) - len(buf.lstrip())
             if lead < len(buf):

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from strata_core.text import held_prefix
+
 HERMES_OPEN = "<tool_call>"
 HERMES_CLOSE = "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
@@ -209,13 +211,6 @@ class _Body:
 Event = str | CallDelta  # a str is content text
 
 
-def _held_prefix(text: str, tag: str) -> int:
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0
-
-
 class ToolCallParser:
     """``push(text)`` returns the events now decided; ``flush()`` the rest at the end;
     ``calls`` the calls made so far, whole."""
@@ -297,7 +292,7 @@ class ToolCallParser:
             self._cut(len(HERMES_OPEN))
             self._open_body(HERMES_OPEN)
         else:
-            self._content(len(buf) - _held_prefix(buf, HERMES_OPEN), out)
+            self._content(len(buf) - held_prefix(buf, HERMES_OPEN), out)
 
     def _llama3(self, out: list[Event]) -> None:
         buf = self._buf
