@@ -143,32 +143,33 @@ class _Body:
     args_end: int | None = None  # where it ended
     sent: int = 0  # how far the arguments were handed out
     started: bool = False  # the first non-space character of the arguments was sent
+    colons: int = 0  # key/value colons of the object itself seen so far
     closed: bool = False
     failed: bool = False
 
     def feed(self, chunk: str) -> int:
-        used = 0
-        for ch in chunk:
-            used += 1
-            self.text += ch
+        base = len(self.text)
+        for i, ch in enumerate(chunk):
             if self.scan.depth == 0 and not ch.isspace() and ch != "{":
                 self.failed = True
-                return used
             at_top = self.scan.depth == 1 and not self.scan.in_str
             self.scan.step(ch)
             if self.args_at is not None and self.args_end is None and at_top and ch in ",}":
-                self.args_end = len(self.text) - 1
+                self.args_end = base + i
             if self.scan.depth == 0 and ch == "}":
                 self.closed = True
-                return used
-            if ch == ":" and self.args_at is None and not self.scan.in_str:
-                self._head()
-                if self.failed:
-                    return used
-        return used
+            if at_top and ch == ":":
+                self.colons += 1
+                if self.colons == 2:  # after the second key: is it name, then arguments?
+                    self._head(self.text + chunk[: i + 1])
+            if self.failed or self.closed:
+                self.text += chunk[: i + 1]
+                return i + 1
+        self.text += chunk
+        return len(chunk)
 
-    def _head(self) -> None:
-        m = _HEAD.fullmatch(self.text)
+    def _head(self, text: str) -> None:
+        m = _HEAD.fullmatch(text)
         if m is None:
             return
         try:
@@ -241,7 +242,7 @@ class ToolCallParser:
             self._step(out)
             if (self._state, len(self._buf)) == before:
                 break
-        return out
+        return _merged(out)
 
     def flush(self) -> list[Event]:
         out: list[Event] = []
@@ -325,20 +326,14 @@ class ToolCallParser:
         used = body.feed(self._buf)
         self._cut(used)
         if body.failed:
-            out.append(self._opener + body.text)
-            self._body = None
-            self._state = "content" if self.dialect is Dialect.LLAMA3 else "start"
-            return
+            return self._not_a_call(out)
         if body.name is not None and not had_name:
             self._start_call(body.name, out)
         if body.closed:
             if body.name is None:
                 whole = body.whole()
                 if whole is None:
-                    out.append(self._opener + body.text)
-                    self._body = None
-                    self._state = "content" if self.dialect is Dialect.LLAMA3 else "start"
-                    return
+                    return self._not_a_call(out)
                 self._start_call(whole[0], out)
                 self._args[-1].append(whole[1])
                 out.append(CallDelta(len(self._ids) - 1, whole[1]))
@@ -348,6 +343,13 @@ class ToolCallParser:
             self._state = "after"
         elif body.name is not None:
             self._arguments(out)
+
+    def _not_a_call(self, out: list[Event]) -> None:
+        """The body was not a call after all: it is content, as written."""
+        assert self._body is not None
+        out.append(self._opener + self._body.text)
+        self._body = None
+        self._state = "content" if self.dialect is Dialect.LLAMA3 else "start"
 
     def _start_call(self, name: str, out: list[Event]) -> None:
         call_id = self._new_id()
