@@ -1,6 +1,7 @@
 """Serving benchmark: Strata beside llama.cpp's llama-server (same pinned sources and
-flags) and llama-cpp-python's server, one after another in one run, same model, same
-slots, same prompts.
+flags) and llama-cpp-python's server, in one run, same model, same slots, same prompts.
+The servers take turns for ``--rounds`` rounds so that drift in the machine's load falls on
+all of them; the figures pool every round and the per-round rates show the spread.
 
     python bench/serving.py --concurrency 1 4 --requests 8 --max-tokens 128
 
@@ -82,9 +83,9 @@ async def one(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int,
     res.tokens += usage if usage is not None else chunks
 
 
-async def run_load(base: str, concurrency: int, n_requests: int, max_tokens: int, repeat: bool = False) -> Result:
-    """``n_requests`` streamed chats, ``concurrency`` at a time. Unless ``repeat``, each
-    prompt starts with a tag naming its run, so no server answers from a cache of an
+async def run_load(base: str, concurrency: int, n_requests: int, max_tokens: int, tag: str | None = None) -> Result:
+    """``n_requests`` streamed chats, ``concurrency`` at a time. With a ``tag``, each
+    prompt starts with it and its index, so no server answers from a cache of an
     earlier run's prompts (llama-server keeps whole prompts in host memory); only the
     chat template's own preamble is shared, as between real users."""
     res = Result()
@@ -96,8 +97,8 @@ async def run_load(base: str, concurrency: int, n_requests: int, max_tokens: int
 
         async def guarded(i: int) -> None:
             prompt = PROMPTS[i % len(PROMPTS)]
-            if not repeat:
-                prompt = f"[run {concurrency}-{i}] {prompt}"
+            if tag is not None:
+                prompt = f"[{tag}-{i}] {prompt}"
             async with sem:
                 await one(client, f"{base}/v1/chat/completions", prompt, max_tokens, res)
 
@@ -156,6 +157,7 @@ def main() -> None:
     ap.add_argument("--llama-cpp-python", action="store_true", help="also run llama-cpp-python's server")
     ap.add_argument("--repeat-prompts", action="store_true",
                     help="reuse the same prompts at every concurrency (measures the peers' prompt caches)")
+    ap.add_argument("--rounds", type=int, default=3, help="servers alternate this many times; figures pool all rounds")
     ap.add_argument("--port", type=int, default=8931)
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
@@ -166,26 +168,43 @@ def main() -> None:
     env = {**os.environ, "STRATA_ENGINE_THREADS": str(args.threads)}
     if args.llama_cpp_python:
         env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
+    pooled: dict[str, dict[int, Result]] = {}
+    rates: dict[str, dict[int, list[float]]] = {}
+    for rnd in range(args.rounds):
+        for name, cmd in servers(args, model, slots, backend.engine_defaults().flash_attn).items():
+            base = f"http://127.0.0.1:{args.port}"
+            cmd = [c.replace("{port}", str(args.port)) for c in cmd]
+            log = Path(f"/tmp/bench-{name}.log")
+            with open(log, "w") as out:
+                proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+            if rnd == 0:
+                print(f"{name}: {' '.join(cmd)} (log: {log})", flush=True)
+            try:
+                wait_health(base, proc)
+                for c in args.concurrency:
+                    tag = None if args.repeat_prompts else f"round {rnd} c{c}"
+                    r = asyncio.run(run_load(base, c, args.requests, args.max_tokens, tag))
+                    acc = pooled.setdefault(name, {}).setdefault(c, Result())
+                    acc.tokens += r.tokens
+                    acc.wall += r.wall
+                    acc.ttft += r.ttft
+                    acc.itl += r.itl
+                    rates.setdefault(name, {}).setdefault(c, []).append(r.tokens / r.wall)
+                    print(f"round {rnd} {name:<17} c={c:<3} {r.tokens / r.wall:8.1f} tok/s  TTFT p50 {p50(r.ttft):7.1f} ms"
+                          f"  ITL p50 {p50(r.itl):6.2f} ms  ({r.tokens} tokens)", flush=True)
+            finally:
+                proc.terminate()
+                proc.wait(30)
     table: dict[str, dict[int, dict[str, float]]] = {}
-    for name, cmd in servers(args, model, slots, backend.engine_defaults().flash_attn).items():
-        base = f"http://127.0.0.1:{args.port}"
-        cmd = [c.replace("{port}", str(args.port)) for c in cmd]
-        log = Path(f"/tmp/bench-{name}.log")
-        with open(log, "w") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-        print(f"{name}: {' '.join(cmd)} (log: {log})", flush=True)
-        try:
-            wait_health(base, proc)
-            for c in args.concurrency:
-                r = asyncio.run(run_load(base, c, args.requests, args.max_tokens, args.repeat_prompts))
-                row = {"tok_s": r.tokens / r.wall, "ttft_p50_ms": p50(r.ttft), "itl_p50_ms": p50(r.itl),
-                       "tokens": r.tokens}  # fmt: skip
-                table.setdefault(name, {})[c] = row
-                print(f"{name:<17} c={c:<3} {row['tok_s']:8.1f} tok/s  TTFT p50 {row['ttft_p50_ms']:7.1f} ms"
-                      f"  ITL p50 {row['itl_p50_ms']:6.2f} ms  ({r.tokens} tokens)", flush=True)
-        finally:
-            proc.terminate()
-            proc.wait(30)
+    print(f"pooled over {args.rounds} rounds:")
+    for name, by_c in pooled.items():
+        for c, r in by_c.items():
+            row = {"tok_s": r.tokens / r.wall, "ttft_p50_ms": p50(r.ttft), "itl_p50_ms": p50(r.itl),
+                   "tokens": r.tokens, "round_tok_s": rates[name][c]}  # fmt: skip
+            table.setdefault(name, {})[c] = row
+            spread = ", ".join(f"{x:.1f}" for x in rates[name][c])
+            print(f"{name:<17} c={c:<3} {row['tok_s']:8.1f} tok/s  TTFT p50 {row['ttft_p50_ms']:7.1f} ms"
+                  f"  ITL p50 {row['itl_p50_ms']:6.2f} ms  (rounds: {spread})", flush=True)
     for peer in [n for n in table if n != "strata"]:
         for c in args.concurrency:
             s, p = table["strata"][c], table[peer][c]

@@ -288,6 +288,32 @@ class Span:
         return self.aligner._check(self.start, end)
 
 
+def slice_entries(entries: Sequence[Entry], start: int, end: int) -> list[Entry]:
+    """The entries spelling ``text[start:end]``, where ``text`` is what ``entries`` spell.
+
+    The span rule of :meth:`Aligner.entries`, applied to finished entries: a token cut by
+    an edge keeps its part inside, in ``token`` and ``bytes``; one that gives the span
+    nothing is left out. Edges are character offsets, so bytes of a character split
+    across tokens stay with that character.
+    """
+    text = "".join(e.token for e in entries)
+    if not 0 <= start <= end <= len(text):
+        raise ValueError(f"span [{start}, {end}) is not inside the text (0..{len(text)})")
+    b_start, b_end = len(text[:start].encode()), len(text[:end].encode())
+    out: list[Entry] = []
+    c = b = 0  # where the entry starts, in characters and in bytes
+    for e in entries:
+        c1, b1 = c + len(e.token), b + len(e.bytes)
+        lo, hi = max(b, b_start), min(b1, b_end)
+        t0, t1 = max(c, start), min(c1, end)
+        if lo < hi or t0 < t1:
+            token = e.token[t0 - c : t1 - c] if t0 < t1 else ""
+            raw = e.bytes[lo - b : hi - b] if lo < hi else ()
+            out.append(Entry(e.id, token, e.logprob, raw, e.top))
+        c, b = c1, b1
+    return out
+
+
 def legacy(entries: Sequence[Entry], text_offset0: int = 0) -> dict[str, list[Any]]:
     """``/v1/completions`` logprobs: four arrays of equal length.
 

@@ -23,6 +23,12 @@ What the design leaves open is settled here:
   are allowed, NaN is not.
 * ``ERR``/``WARN`` messages are free text; encoding turns line breaks into spaces.
 * ``READY`` carries a JSON object, written compactly (``ensure_ascii``, so one ASCII line).
+* A GEN value that is free text (a grammar) travels as base64 of its UTF-8 bytes behind a
+  ``<kind>:`` tag, so spaces, line breaks, ``=`` and non-ASCII round-trip:
+  :func:`encode_grammar` / :func:`parse_grammar`. ``grammar`` is ``json_object`` or
+  ``<kind>:<b64>`` with kind ``llguidance`` (an llguidance grammar: a Lark grammar or
+  llguidance's grammar JSON, as ``LLMatcher.grammar_from_*`` return), ``json_schema``,
+  ``lark`` or ``regex``.
 """
 
 from __future__ import annotations
@@ -46,6 +52,9 @@ _LINE_BREAK = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 _EMPTY_B64 = "-"
 _MAX_PIECE = 0xFFFF
 _QUOTE_MAX = 120
+#: ``grammar=<kind>:<b64>`` kinds; ``json_object`` stands alone (any JSON object).
+GRAMMAR_KINDS = ("llguidance", "json_schema", "lark", "regex")
+JSON_OBJECT = "json_object"
 
 
 class ProtocolError(ValueError):
@@ -238,6 +247,33 @@ def _unb64(field: str) -> bytes:
         return base64.b64decode(field, validate=True)
     except ValueError:
         raise ProtocolError(f"bad base64 {field[:40]!r} (use '-' for empty)") from None
+
+
+def encode_grammar(kind: str, text: str = "") -> str:
+    """The ``grammar`` GEN value for ``text`` of ``kind`` (``json_object`` takes no text)."""
+    if kind == JSON_OBJECT:
+        if text:
+            raise ProtocolError("json_object takes no grammar text")
+        return JSON_OBJECT
+    if kind not in GRAMMAR_KINDS:
+        raise ProtocolError(f"bad grammar kind {kind!r} (expected {JSON_OBJECT} or one of {GRAMMAR_KINDS})")
+    return f"{kind}:{_b64(text.encode('utf-8'))}"
+
+
+def parse_grammar(value: str) -> tuple[str, str]:
+    """(kind, text) of a ``grammar`` GEN value; the text is ``""`` for ``json_object``."""
+    if value == JSON_OBJECT:
+        return JSON_OBJECT, ""
+    kind, sep, payload = value.partition(":")
+    if not sep or kind not in GRAMMAR_KINDS:
+        raise ProtocolError(
+            f"bad grammar {_clip(value)!r} (expected {JSON_OBJECT} or <kind>:<b64> with kind "
+            f"one of {', '.join(GRAMMAR_KINDS)})"
+        )
+    try:
+        return kind, _unb64(payload).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("grammar text is not UTF-8") from None
 
 
 def _pack_pieces(pieces: Iterable[bytes]) -> bytes:

@@ -47,7 +47,6 @@ MAX_TOP_LOGPROBS = 20
 #: refused with a 400 naming the field; null/false mean "not asked for" and are accepted.
 #: ``suffix`` is a /v1/completions field.
 NOT_YET_SUPPORTED: tuple[str, ...] = (
-    "response_format",
     "functions",  # the legacy spelling of tools / tool_choice: send those instead
     "function_call",
     "suffix",
@@ -101,6 +100,27 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+
+
+class JsonSchemaFormat(_Strict):
+    """``response_format.json_schema``; the schema itself is checked by structured.py."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    # "schema" would shadow BaseModel.schema(): the JSON key is an alias.
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_iff_json_schema(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise _invalid('json_schema is required with type "json_schema", and only there')
+        return self
 
 
 class TextPart(_Strict):
@@ -240,6 +260,7 @@ class BaseRequest(_Strict):
     logprobs_mode: Literal["raw", "processed"] | None = None
     # Extension: false turns off the server's speculative decoding for this request.
     speculative: bool | None = None
+    response_format: ResponseFormat | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -429,6 +450,12 @@ class ChatRequest(BaseRequest):
         tools = info.data.get("tools")
         if not tools:
             raise _invalid("tool_choice is only allowed when tools are given")
+        fmt = info.data.get("response_format")
+        if value == "required" or isinstance(value, NamedToolChoice):
+            if fmt is not None and fmt.type != "text":
+                raise _invalid(
+                    "a forced tool call and response_format both constrain the reply; send one"
+                )
         if isinstance(value, NamedToolChoice):
             names = [t.function.name for t in tools]
             if value.function.name not in names:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import base64
+import dataclasses
 import json
 import logging
 import time
@@ -16,8 +16,10 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from strata_core import openai as oai
+from strata_core import protocol as proto
 from strata_core.chat import FALLBACK_TEMPLATE, ChatTemplate, TemplateError
 from strata_core.config import Config
+from strata_core.engine.grammar import grammar_error, llguidance_grammar
 from strata_core.errors import ApiError
 from strata_core.logprobs import Aligner, Entry, Span
 from strata_core.metrics import Metrics
@@ -26,6 +28,7 @@ from strata_core.reader import EngineClient, EngineUnavailable, Finished, TokenE
 from strata_core.reasoning import Piece, ThinkSplitter, prompt_opens_think
 from strata_core.requests import BaseRequest, ChatRequest, CompletionRequest, parse_request
 from strata_core.sampling import resolve_seed, sampling_keys
+from strata_core.structured import Constraint, constraint_for, reconcile_choice
 from strata_core.text import Detokenizer, StopMatcher, decode
 from strata_core.tools import (
     CallDelta,
@@ -33,7 +36,6 @@ from strata_core.tools import (
     ToolCall,
     ToolCallParser,
     call_grammar,
-    grammar_problem,
     split_events,
 )
 
@@ -241,15 +243,15 @@ class Service:
             )
         tools = [t.template_view() for t in req.forced_tools()]
         grammar = call_grammar(tools, dialect, parallel=req.parallel_tool_calls is not False)
-        problem = grammar_problem(grammar)
-        if problem is not None:
+        problem = grammar_error(llguidance_grammar("lark", grammar))
+        if problem:
             raise ApiError(
                 400,
                 f"the tools' parameters cannot be enforced: {problem}",
                 param="tools",
                 code="invalid_value",
             )
-        return "lark:" + base64.b64encode(grammar.encode()).decode("ascii")
+        return proto.encode_grammar("lark", grammar)
 
     def check_lengths(self, prompt: list[int], req: BaseRequest, param: str) -> int:
         """The max_tokens to send; 400 when the prompt or the request exceed the context."""
@@ -415,6 +417,12 @@ async def _collect(it: AsyncIterator[Delta]) -> Collected:
     raise EngineUnavailable("the engine ended the request without DONE")
 
 
+def _reconciled(r: Collected, constraint: Constraint) -> Collected:
+    """A structured choice as returned: structured.reconcile_choice's content and entries."""
+    text, entries = reconcile_choice(r.text, r.entries, constraint.schema)
+    return dataclasses.replace(r, text=text, entries=entries)
+
+
 def _logprobs_body(
     entries: list[Entry] | None,
     chat: bool,
@@ -521,6 +529,7 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
     ) -> Response:
         check_model(req)
         check_token_ids(req)
+        constraint = constraint_for(req.response_format)
         seed = resolve_seed(req.seed)
         max_new = [service.check_lengths(p, req, param) for p in prompts]
         rid = oai.new_id("chatcmpl" if chat else "cmpl")
@@ -531,6 +540,8 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
             echo = echoes[pi] if echoes else ""
             for j in range(req.n):
                 keys = keys_for(req, max_new[pi], _seed_for_choice(seed, pi * req.n + j))
+                if constraint is not None:
+                    keys["grammar"] = constraint.gen_value()
                 keys.update(extra_keys or {})
                 iters.append(service.start_choice(prompt, keys, stops, top_k, echo, shape))
         headers = {"x-strata-seed": str(seed)}
@@ -549,6 +560,8 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
         usage = oai.Usage(prompt=sum(len(p) for p in prompts))
         for i, r in enumerate(results):
             usage.add_choice(r.usage, first_of_prompt=i % req.n == 0)
+        if constraint is not None and not echoes:  # an echoed prompt is not part of the value
+            results = [_reconciled(r, constraint) for r in results]
         choices = [r.choice(i, chat) for i, r in enumerate(results)]
         build = oai.chat_response if chat else oai.completion_response
         return JSONResponse(build(rid, service.model_id, choices, usage, seed), headers=headers)

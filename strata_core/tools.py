@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from strata_core.engine.grammar import JSON_STYLE
 from strata_core.text import held_prefix
 
 HERMES_OPEN = "<tool_call>"
@@ -406,6 +407,12 @@ def call_schema(tool: Mapping[str, Any], dialect: Dialect) -> dict[str, Any]:
     }
 
 
+def _enforced(schema: dict[str, Any]) -> dict[str, Any]:
+    # JSON written as structured outputs write it: no free whitespace, which a small
+    # model would otherwise pad with until max_tokens.
+    return {**schema, "x-guidance": JSON_STYLE}
+
+
 def _lark_string(text: str) -> str:
     return json.dumps(text)
 
@@ -415,7 +422,7 @@ def call_grammar(tools: Sequence[Mapping[str, Any]], dialect: Dialect, parallel:
     call (or, with ``parallel``, one or more) to one of ``tools``, in ``dialect``'s form."""
     schemas = [call_schema(t, dialect) for t in tools]
     schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-    body = "%json " + json.dumps(schema, ensure_ascii=False)
+    body = "%json " + json.dumps(_enforced(schema), ensure_ascii=False)
     if dialect is Dialect.HERMES:
         call = f"{_lark_string(HERMES_OPEN + chr(10))} {body} {_lark_string(chr(10) + HERMES_CLOSE)}"
         sep = _lark_string("\n")
@@ -424,13 +431,3 @@ def call_grammar(tools: Sequence[Mapping[str, Any]], dialect: Dialect, parallel:
     start = f"call ({sep} call)*" if parallel else "call"
     return f"start: {start}\ncall: {call}\n"
 
-
-def grammar_problem(lark: str) -> str | None:
-    """Why llguidance refuses a grammar (a tool's parameters it cannot enforce), or None.
-    Without llguidance installed here, the engine is left to judge."""
-    try:
-        from llguidance import LLMatcher
-    except ImportError:
-        return None
-    message = LLMatcher.validate_grammar(LLMatcher.grammar_from_lark(lark))
-    return message or None

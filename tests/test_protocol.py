@@ -12,6 +12,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from strata_core import protocol as proto
 from strata_core.protocol import (
     DONE_REASONS,
     PROTOCOL_VERSION,
@@ -433,3 +434,37 @@ def test_error_messages_name_the_line(junk: str) -> None:
     with pytest.raises(ProtocolError) as info:
         parse_event(line)
     assert "in line 'T " in str(info.value) or 'in line "T ' in str(info.value)
+
+
+# ---- grammar values: free text through a GEN key ------------------------------------------
+
+
+@given(st.sampled_from(proto.GRAMMAR_KINDS), st.text())
+def test_grammar_text_round_trips_through_a_gen_line(kind: str, text: str) -> None:
+    value = proto.encode_grammar(kind, text)
+    line = encode_command(Gen("g", {"grammar": value, "max_tokens": "3"}, (1, 2)))
+    assert "\n" not in line and line.isascii()
+    cmd = parse_command(line + "\n")
+    assert isinstance(cmd, Gen) and cmd.keys["max_tokens"] == "3"
+    assert proto.parse_grammar(cmd.keys["grammar"]) == (kind, text)
+
+
+def test_grammar_values_with_spaces_newlines_and_equals() -> None:
+    lark = 'start: "a = b" obj\nobj: %json{"type": "object"}\n'
+    value = proto.encode_grammar("lark", lark)
+    assert " " not in value and "=" not in value.partition(":")[0]
+    assert proto.parse_grammar(value) == ("lark", lark)
+    assert proto.parse_grammar(proto.encode_grammar("json_object")) == ("json_object", "")
+    assert proto.parse_grammar("regex:-") == ("regex", "")
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [("bnf:eyJ9", "bad grammar"), ("lark", "bad grammar"), ("lark:%%%", "bad base64"),
+     ("lark:/w==", "not UTF-8")],
+)  # fmt: skip
+def test_bad_grammar_values(value: str, message: str) -> None:
+    with pytest.raises(ProtocolError, match=message):
+        proto.parse_grammar(value)
+    with pytest.raises(ProtocolError, match="bad grammar kind"):
+        proto.encode_grammar("gbnf", "x")

@@ -100,9 +100,18 @@ def refused(model_cls: type[Any], body: Any) -> ApiError:
         (chat(tools=[WEATHER], tool_choice="maybe"), "tool_choice"),
         (chat(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "f"}}), "tool_choice"),
         (chat(tools=[WEATHER], tool_choice={"type": "function"}), "tool_choice"),
+        (chat(tools=[WEATHER], tool_choice="required", response_format={"type": "json_object"}), "tool_choice"),
         (chat(chat_template_kwargs={"add_generation_prompt": False}), "chat_template_kwargs"),
         (chat(chat_template_kwargs=[1]), "chat_template_kwargs"),
-        (chat(response_format={"type": "json_object"}), "response_format"),
+        (chat(response_format={"type": "xml"}), "response_format.type"),
+        (chat(response_format={"type": "json_schema"}), "response_format"),
+        (chat(response_format={"type": "text", "json_schema": {"name": "a"}}), "response_format"),
+        (chat(response_format={"type": "json_schema", "json_schema": {"schema": {}}}),
+         "response_format.json_schema.name"),
+        (chat(response_format={"type": "json_schema", "json_schema": {"name": "a b"}}),
+         "response_format.json_schema.name"),
+        (chat(response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": []}}),
+         "response_format.json_schema.schema"),
         (chat(top_logprobs=2), "top_logprobs"),
         (chat(logprobs=False, top_logprobs=2), "top_logprobs"),
         (chat(logprobs=True, top_logprobs=21), "top_logprobs"),
@@ -257,7 +266,7 @@ def test_limits() -> None:
     assert parse_request(ChatRequest, chat(stop=["a", "b", "c", "d"])).stop_list() == list("abcd")
 
 
-@pytest.mark.parametrize("name", ["response_format", "functions", "function_call"])
+@pytest.mark.parametrize("name", ["functions", "function_call"])
 def test_later_work_is_refused_as_not_yet(name: str) -> None:
     assert name in NOT_YET_SUPPORTED
     err = refused(ChatRequest, chat(**{name: {"type": "json_object"}}))
@@ -269,6 +278,17 @@ def test_later_work_accepts_null_and_false(name: str) -> None:
     parse_request(ChatRequest, chat(**{name: None}))
     parse_request(CompletionRequest, {"prompt": "x", name: False})
     assert refused(ChatRequest, chat(**{name: "x"})).param == name
+
+
+def test_response_format_is_accepted_on_both_endpoints() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "thing", "schema": schema, "strict": True}}
+    req = parse_request(ChatRequest, chat(response_format=fmt))
+    assert req.response_format is not None and req.response_format.json_schema is not None
+    assert req.response_format.json_schema.schema_ == schema and req.response_format.json_schema.strict
+    assert parse_request(CompletionRequest, {"prompt": "x", "response_format": {"type": "json_object"}})
+    assert parse_request(ChatRequest, chat(response_format={"type": "text"})).response_format is not None
+    assert "response_format" not in NOT_YET_SUPPORTED
 
 
 def test_chat_accepts_and_normalises() -> None:

@@ -77,3 +77,24 @@ def test_server_survives_all_of_it(server) -> None:  # type: ignore[no-untyped-d
         post(server, path, body, raw)
     r = post(server, "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 3})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+
+
+def test_api_key_is_required_on_v1_routes(cpu_engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import openai
+
+    from strata_core.testing.harness import Server
+
+    srv = Server(["--backend", "cpu", "--parallel", "1", "--n-ctx", "512"], tmp_path / "server.log",
+                 env={"STRATA_SERVER_API_KEY": "sekret"})  # fmt: skip
+    try:
+        srv.wait_ready()
+        assert httpx.get(f"{srv.base}/health").status_code == 200  # probes need no key
+        for headers in ({}, {"authorization": "Bearer wrong"}):
+            r = httpx.post(f"{srv.base}/v1/completions", json={"prompt": "x", "max_tokens": 1}, headers=headers)
+            e = err(r, 401, None)
+            assert e["code"] == "invalid_api_key" and e["type"] == "authentication_error"
+        client = openai.OpenAI(base_url=f"{srv.base}/v1", api_key="sekret", max_retries=0, timeout=60)
+        out = client.completions.create(model="default", prompt="The sky is", max_tokens=2)
+        assert out.usage is not None and out.usage.completion_tokens >= 1
+    finally:
+        srv.stop()

@@ -16,7 +16,6 @@ from strata_core.tools import (
     ToolCallParser,
     call_grammar,
     detect_dialect,
-    grammar_problem,
 )
 
 H, L = Dialect.HERMES, Dialect.LLAMA3
@@ -148,6 +147,7 @@ def test_detect_dialect() -> None:
 # ---- the grammar ----------------------------------------------------------------------------
 
 llguidance = pytest.importorskip("llguidance")
+from strata_core.engine.grammar import grammar_error, llguidance_grammar  # noqa: E402
 
 WEATHER = {
     "type": "function",
@@ -178,7 +178,7 @@ def tokenizer() -> Any:
 
 
 def accepts(tokenizer: Any, grammar: str, text: str) -> bool:
-    m = llguidance.LLMatcher(tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
+    m = llguidance.LLMatcher(tokenizer, llguidance_grammar("lark", grammar), log_level=0)
     assert not m.is_error(), m.get_error()
     return bool(m.consume_tokens(list(text.encode()))) and m.is_accepting() and not m.is_error()
 
@@ -186,8 +186,8 @@ def accepts(tokenizer: Any, grammar: str, text: str) -> bool:
 def test_grammars_are_valid() -> None:
     for dialect in (H, L):
         for parallel in (True, False):
-            assert grammar_problem(call_grammar([WEATHER, CLOCK], dialect, parallel)) is None
-    assert grammar_problem("start: %json {") is not None
+            assert grammar_error(llguidance_grammar("lark", call_grammar([WEATHER, CLOCK], dialect, parallel))) == ""
+    assert grammar_error(llguidance_grammar("lark", "start: %json {")) != ""
 
 
 def test_required_grammar_accepts_calls_and_rejects_the_rest(tokenizer: Any) -> None:
@@ -200,6 +200,8 @@ def test_required_grammar_accepts_calls_and_rejects_the_rest(tokenizer: Any) -> 
     assert not accepts(tokenizer, g, '<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>')
     assert not accepts(tokenizer, g, '<tool_call>\n{"name": "get_weather", "arguments": {"city": 3}}\n</tool_call>')
     assert not accepts(tokenizer, g, "The weather is nice.")
+    # JSON without free whitespace, as structured outputs write it
+    assert not accepts(tokenizer, g, '<tool_call>\n{"name": "get_time",\n "arguments": {}}\n</tool_call>')
     # what the grammar accepts, the parser reads as the call
     assert parse(H, WEATHER_CALL)[1] == [("get_weather", '{"city": "Paris"}')]
 

@@ -34,13 +34,22 @@ from, after bias, the allowed / grammar mask, penalties, top_k, min_p, top_p and
 temperature; a token the chain cut is -inf and so never listed. A greedy pick has no
 temperature, so there it is the log-softmax of the row after bias, mask and penalties.
 Without ``logprobs`` the key changes nothing.
+
+``grammar`` (protocol.parse_grammar: ``json_object`` or ``<kind>:<b64>``, kind
+``llguidance``, ``json_schema``, ``lark`` or ``regex``) -- constrained decoding with
+llguidance: before each sample, tokens the grammar forbids are -inf; the request ends with
+``stop`` once the grammar admits nothing but end-of-generation (the end token is then not
+sampled). A grammar llguidance refuses is an ``ERR`` and ``DONE error``. Speculative
+windows are kept: drafts are cut where the grammar forbids them, and the matcher consumes
+only emitted tokens, so nothing is rolled back.
 """
 LOGPROBS_MODES = ("raw", "processed")
-CAPABILITIES = ["logprobs", "logprobs_mode", "allowed", "bias", "penalties", "seed", "prefix_cache"]
+CAPABILITIES = [
+    "logprobs", "logprobs_mode", "allowed", "bias", "penalties", "seed", "prefix_cache", "grammar",
+]  # fmt: skip
 SAMPLING_KEYS = KNOWN_KEYS - {
     "max_tokens", "logprobs", "logprobs_mode", "stop_ids", "grammar", "spec", "cache",
 }  # fmt: skip
-UNSUPPORTED_KEYS = ("grammar",)  # known to the protocol, not built into this engine yet
 SPEC_MODES = ("off", "ngram")  # "draft" (a second model) is not built yet
 
 
@@ -89,6 +98,7 @@ def stdin_reader(q: queue.Queue[Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # Imported here so --help works without a native build on the path.
+    from strata_core.engine.grammar import Grammars
     from strata_core.engine.llama import Llama, ModelOptions
     from strata_core.engine.sampler import SamplingParams
     from strata_core.engine.scheduler import Request, Scheduler
@@ -106,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                 flash_attn={"on": True, "off": False}.get(args.flash_attn),
             )
         )
+        llama.warm_up()
     except Exception as exc:
         out.emit(proto.Error(None, f"engine failed to start: {exc}"))
         out.flush()
@@ -131,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     out.flush()
     sched = Scheduler(llama, out.emit)
+    grammars = Grammars(lambda: llama.grammar_tokenizer(sorted(eog)), llama.n_vocab)
     warned: set[str] = set()
 
     def start(cmd: proto.Gen) -> None:
@@ -142,8 +154,6 @@ def main(argv: list[str] | None = None) -> int:
             if key not in KNOWN_KEYS and key not in warned:
                 warned.add(key)
                 out.emit(proto.Warn(cmd.rid, f"unknown key {key}"))
-            if key in UNSUPPORTED_KEYS:
-                return fail(f"{key} is not supported by this engine")
         prompt = list(cmd.prompt)
         if not prompt:
             return fail("empty prompt")
@@ -168,11 +178,12 @@ def main(argv: list[str] | None = None) -> int:
             mode = cmd.keys.get("logprobs_mode", "raw")
             if mode not in LOGPROBS_MODES:
                 raise ValueError(f"logprobs_mode={mode!r} is not valid: expected raw or processed")
+            grammar = grammars.constraint(cmd.keys["grammar"]) if "grammar" in cmd.keys else None
         except ValueError as exc:
             return fail(str(exc))
         sched.submit(
             Request(cmd.rid, prompt, params, max_tokens, stop_ids, logprobs,
-                    logprobs_processed=mode == "processed",
+                    logprobs_processed=mode == "processed", grammar=grammar,
                     spec_k=args.spec_k if spec == "ngram" else 0)
         )  # fmt: skip
 

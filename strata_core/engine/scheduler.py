@@ -1,7 +1,7 @@
 """Slots and continuous batching.
 
-Each step is one ``llama_decode`` that holds one token for every decoding slot plus
-chunks of pending prompts, within ``n_batch``. New requests join between steps and take
+Each step decodes chunks of pending prompts and then one token (or a speculative window)
+for every decoding slot, within ``n_batch`` together. New requests join between steps and take
 the free slot whose cached tokens share the longest prefix with their prompt; finished
 or cancelled slots free at once and keep their cache for the next request.
 """
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from strata_core import protocol as proto
+from strata_core.engine.grammar import Constraint
 from strata_core.engine.llama import Batch, Llama
 from strata_core.engine.sampler import SamplingParams, processed_logprobs, sample, top_logprobs
 from strata_core.engine.speculative import ngram_draft
@@ -35,6 +36,7 @@ class Request:
     generated: int = 0
     cached: int = 0
     spec_k: int = 0  # most tokens an n-gram window may propose; 0 = no speculation
+    grammar: Constraint | None = None  # constrained decoding: the mask before each sample
     drafted: int = 0
     accepted: int = 0
     t_arrive: float = field(default_factory=time.perf_counter)
@@ -111,6 +113,11 @@ class Scheduler:
         self._done(slot.req, reason)
         slot.req, slot.pending, slot.last = None, [], None
 
+    def _fail(self, slot: Slot, message: str) -> None:
+        assert slot.req is not None
+        self.emit(proto.Error(slot.req.rid, message))
+        self._finish(slot, "error")
+
     def _admit(self) -> None:
         free = [s for s in self.slots if s.req is None]
         while self.waiting and free:
@@ -130,35 +137,45 @@ class Scheduler:
     # ---- one step ---------------------------------------------------------------------
 
     def step(self) -> None:
+        """One step: prompt chunks in one ``llama_decode``, then one token (or one
+        speculative window) per decoding slot in a second.
+
+        Decode rows never share a batch with prompt chunks, so a sampled row is computed
+        the same way whatever else is prefilling; and a prompt whose last chunk goes in
+        this step gets its first token in this step too.
+        """
         self._admit()
         batch = self.batch
-        batch.clear()
         decoding = [s for s in self.slots if s.req is not None and s.last is not None and not s.pending]
         speculate = len(decoding) <= SPEC_MAX_SLOTS
-        windows: list[tuple[Slot, int, list[int]]] = []
-        for slot in decoding:
-            assert slot.last is not None
-            draft = self._draft(slot) if speculate else []
-            pos = len(slot.cached)
-            if draft:
-                windows.append((slot, batch.add([slot.last, *draft], pos, slot.seq, "all"), draft))
-            else:
-                windows.append((slot, batch.add_one(slot.last, pos, slot.seq), []))
-        budget = batch.capacity - batch.n
-        chunks: list[tuple[Slot, list[int]]] = []
+        drafts = [self._draft(slot) if speculate else [] for slot in decoding]
+        budget = batch.capacity - sum(1 + len(d) for d in drafts)
+        batch.clear()
         for slot in self.slots:
             if slot.req is None or not slot.pending or budget <= 0:
                 continue
             chunk = slot.pending[:budget]
             batch.add(chunk, len(slot.cached), slot.seq, "none")
-            chunks.append((slot, chunk))
             budget -= len(chunk)
-        if batch.n == 0:
-            return
-        self.llama.decode(batch)
-        for slot, chunk in chunks:
             slot.cached.extend(chunk)
             del slot.pending[: len(chunk)]
+            if not slot.pending:  # prefilled: its last prompt token decodes below
+                decoding.append(slot)
+                drafts.append([])
+        if batch.n:
+            self.llama.decode(batch)
+        if not decoding:
+            return
+        batch.clear()
+        windows: list[tuple[Slot, int, list[int]]] = []
+        for slot, draft in zip(decoding, drafts, strict=True):
+            assert slot.last is not None
+            pos = len(slot.cached)
+            if draft:
+                windows.append((slot, batch.add([slot.last, *draft], pos, slot.seq, "all"), draft))
+            else:
+                windows.append((slot, batch.add_one(slot.last, pos, slot.seq), []))
+        self.llama.decode(batch)
         for slot, idx, draft in windows:
             assert slot.last is not None
             slot.cached.append(slot.last)
@@ -178,7 +195,10 @@ class Scheduler:
         room = min(self.llama.n_ctx - len(slot.cached) - 2, req.max_tokens - req.generated - 1)
         if room <= 0:
             return []
-        return ngram_draft([*slot.cached, slot.last], min(req.spec_k, room))
+        draft = ngram_draft([*slot.cached, slot.last], min(req.spec_k, room))
+        if req.grammar is not None:  # a token the grammar forbids can never be kept
+            draft = draft[: req.grammar.valid_prefix(draft)]
+        return draft
 
     def _verify(self, slot: Slot, idx: int, draft: list[int]) -> None:
         """Sample each row of the window as an ordinary step would (same position, same
@@ -208,24 +228,40 @@ class Scheduler:
         position = len(slot.cached)
         last_n = params.penalty_last_n
         history = slot.cached[-last_n:] if last_n else ()
-        if params.plain:
-            tok = int(np.argmax(row))
-        else:
-            tok = sample(row, params, history, position)
+        mask = None
+        if req.grammar is not None:
+            mask = req.grammar.mask()
+            if mask is None:
+                self._fail(slot, f"grammar failed: {req.grammar.error}")
+                return None
+        try:
+            if params.plain and mask is None:
+                tok = int(np.argmax(row))
+            else:
+                tok = sample(row, params, history, position, mask=mask)
+        except ValueError as exc:  # nothing permitted: this request's problem, not the batch's
+            self._fail(slot, str(exc))
+            return None
         if not req.t_first:
             req.t_first = time.perf_counter()
         if tok in req.stop_ids or self.llama.is_eog(tok):
             self._finish(slot, "stop")
             return None
+        if req.grammar is not None and not req.grammar.consume(tok):
+            self._fail(slot, f"grammar refused token {tok}: {req.grammar.error}")
+            return None
         self.emit(proto.Token(req.rid, tok))
         if req.logprobs is not None:
             if req.logprobs_processed:
-                lps, top = processed_logprobs(row, req.logprobs, params, history)
+                lps, top = processed_logprobs(row, req.logprobs, params, history, mask)
             else:
                 lps, top = top_logprobs(row, req.logprobs, params.allowed)
             self.emit(proto.Logprob(req.rid, float(lps[tok]), tuple(top)))
         req.generated += 1
         slot.last = tok
+        if req.grammar is not None and req.grammar.stopped:  # only end-of-generation may follow
+            self._finish(slot, "stop")
+            return None
         if req.generated >= req.max_tokens or position + 1 >= self.llama.n_ctx:
             self._finish(slot, "length")
             return None

@@ -5,6 +5,7 @@ Run with ``pytest --pyargs strata_core.testing --strata-backend NAME``.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -133,14 +134,15 @@ def test_logprobs_spell_the_content(kit_server: Server) -> None:
     assert all(len(e["top_logprobs"]) == 3 for e in entries)
 
 
-@pytest.mark.xfail(strict=True, reason="structured outputs (json_schema) are not built into Strata yet")
 def test_json_schema(kit_server: Server) -> None:
-    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-    r = _chat(kit_server, max_tokens=40,
-              response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}})  # fmt: skip
-    import json
-
-    assert "city" in json.loads(r["choices"][0]["message"]["content"])
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+              "required": ["city"], "additionalProperties": False}  # fmt: skip
+    fmt = {"type": "json_schema", "json_schema": {"name": "c", "schema": schema, "strict": True}}
+    r = _chat(kit_server, max_tokens=40, response_format=fmt, logprobs=True)["choices"][0]
+    content = r["message"]["content"]
+    assert json.loads(content).keys() == {"city"} and r["finish_reason"] == "stop", r
+    if r["logprobs"] is not None:  # kept only when the tokens spell the content
+        assert b"".join(bytes(e["bytes"]) for e in r["logprobs"]["content"]).decode() == content
 
 
 def test_engine_crash_recovery(kit_server: Server) -> None:

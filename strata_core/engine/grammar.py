@@ -1,0 +1,115 @@
+"""Constrained decoding with llguidance: grammar sources, and one matcher per request.
+
+A request's ``grammar`` GEN value (protocol.parse_grammar) becomes an llguidance grammar
+(``llguidance_grammar``), then a :class:`Constraint` over the engine's one tokenizer. Before
+each sample the constraint gives the permitted tokens as a boolean row (the sampler's
+``mask``); the sampled token is then consumed. The matcher only ever consumes emitted
+tokens, so a speculative window needs no rollback: each row is sampled under the mask of
+the tokens kept before it, and the first mismatch ends the window (scheduler._verify).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import llguidance
+import numpy as np
+import numpy.typing as npt
+
+from strata_core import protocol as proto
+
+#: How constrained JSON is written: no free whitespace (a small model otherwise pads with
+#: newlines until max_tokens), json.dumps' separators. structured.canonical_json writes
+#: the same style, so a canonical answer looks like a constrained one.
+JSON_STYLE: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def json_schema_grammar(schema: dict[str, Any] | str, *, lenient: bool = False) -> str:
+    """The llguidance grammar for a JSON schema, in :data:`JSON_STYLE`.
+
+    ``lenient``: ignore keywords llguidance does not implement instead of refusing them.
+    """
+    options: Any = {**JSON_STYLE, "lenient": lenient}  # llguidance's JsonCompileOptions
+    return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=options)
+
+
+def llguidance_grammar(kind: str, text: str) -> str:
+    """An llguidance grammar for a ``grammar`` value's (kind, text); ValueError if malformed."""
+    if kind == proto.JSON_OBJECT:
+        return json_schema_grammar({"type": "object"})
+    if kind == "json_schema":
+        return json_schema_grammar(text)
+    if kind == "lark":
+        return llguidance.LLMatcher.grammar_from_lark(text)
+    if kind == "regex":
+        return llguidance.LLMatcher.grammar_from_regex(text)
+    return text  # "llguidance": already one
+
+
+def grammar_error(grammar: str) -> str:
+    """Why llguidance refuses ``grammar`` without a tokenizer, or ``""`` when it accepts it."""
+    return llguidance.LLMatcher.validate_grammar(grammar)
+
+
+class Constraint:
+    """One request's matcher: the permitted tokens before a sample, and the tokens taken."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, n_vocab: int) -> None:
+        self.matcher = matcher
+        self.n_vocab = n_vocab
+
+    @property
+    def error(self) -> str:
+        return self.matcher.get_error() if self.matcher.is_error() else ""
+
+    @property
+    def stopped(self) -> bool:
+        """Nothing but end-of-generation may follow: the value is complete."""
+        return self.matcher.is_stopped()
+
+    def mask(self) -> npt.NDArray[np.bool_] | None:
+        """True where a token is permitted next; None when the matcher is in error."""
+        bits = np.frombuffer(self.matcher.compute_bitmask(), np.uint8)
+        if self.matcher.is_error():
+            return None
+        return np.unpackbits(bits, bitorder="little")[: self.n_vocab].view(np.bool_)
+
+    def consume(self, token: int) -> bool:
+        return self.matcher.consume_token(token)
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        """How many of ``tokens`` the grammar permits in a row from here (consumes nothing)."""
+        return self.matcher.validate_tokens(list(tokens)) if tokens else 0
+
+
+class Grammars:
+    """The engine's grammar facility: one llguidance tokenizer, built on first use so a
+    request without a grammar never pays for it, and a Constraint per request."""
+
+    def __init__(self, make_tokenizer: Callable[[], llguidance.LLTokenizer], n_vocab: int) -> None:
+        self._make_tokenizer = make_tokenizer
+        self._tokenizer: llguidance.LLTokenizer | None = None
+        self.n_vocab = n_vocab
+
+    @property
+    def tokenizer(self) -> llguidance.LLTokenizer:
+        if self._tokenizer is None:
+            self._tokenizer = self._make_tokenizer()
+        return self._tokenizer
+
+    def constraint(self, value: str) -> Constraint:
+        """A Constraint for a ``grammar`` GEN value; ValueError saying why it is refused."""
+        try:
+            kind, text = proto.parse_grammar(value)
+            grammar = llguidance_grammar(kind, text)
+        except (proto.ProtocolError, ValueError) as exc:
+            raise ValueError(f"grammar is not valid: {exc}") from None
+        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"grammar is not valid: {_one_line(matcher.get_error())}")
+        return Constraint(matcher, self.n_vocab)
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
