@@ -245,14 +245,11 @@ def test_calls_under_continuous_batching(api: openai.OpenAI) -> None:
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
 def test_forced_call(api: openai.OpenAI, tools_server: Server, choice: Any) -> None:
-    """Needs the engine's GEN key ``grammar`` (structured outputs): without it the server
-    refuses the request with a 400 naming tool_choice instead of ignoring it."""
-    messages = [{"role": "user", "content": "What is 2+2?"}]  # the model would not call
-    if not has_grammar(tools_server):
-        with pytest.raises(openai.BadRequestError) as err:
-            ask(api, messages=messages, tools=[WEATHER, CLOCK], tool_choice=choice)
-        assert err.value.body["param"] == "tool_choice"  # type: ignore[index]
-        pytest.skip("the engine has no 'grammar' capability yet: enforcement not exercised")
+    """The engine's grammar forces a call the model would not make on its own."""
+    assert has_grammar(tools_server)
+    messages = [{"role": "user", "content": "What is 2+2?"}]
+    free = ask(api, messages=messages, tools=[WEATHER, CLOCK]).choices[0]
+    assert free.message.tool_calls is None  # the fixture: left alone, it answers in text
     r = ask(api, messages=messages, tools=[WEATHER, CLOCK], tool_choice=choice, max_tokens=200, logprobs=True)
     c = r.choices[0]
     assert c.finish_reason == "tool_calls" and c.message.tool_calls
@@ -261,6 +258,13 @@ def test_forced_call(api: openai.OpenAI, tools_server: Server, choice: Any) -> N
         assert call.function.name in names
         assert isinstance(json.loads(call.function.arguments), dict)
     assert c.logprobs.content
+    # streamed, the same calls
+    deltas = []
+    for chunk in ask(api, messages=messages, tools=[WEATHER, CLOCK], tool_choice=choice, max_tokens=200, stream=True):
+        deltas += chunk.choices[0].delta.tool_calls or []
+    streamed = [(d.function.name, "".join(x.function.arguments or "" for x in deltas if x.index == d.index))
+                for d in deltas if d.id]  # fmt: skip
+    assert streamed == [(t.function.name, t.function.arguments) for t in c.message.tool_calls]
 
 
 # ---- reasoning ----------------------------------------------------------------------------
