@@ -4,8 +4,9 @@ The model is the default one (SmolLM2, its weights and tokenizer) carrying a Her
 style chat template that shows it tools and, with ``enable_thinking``, opens ``<think>``
 in the generation prompt. SmolLM2 was never trained to call tools, so each check first
 makes sure the model really wrote what the check is about: a conversation in which it
-already answered with a call once makes it (greedy) write the same call again, and the
-logprob entries show the markup it wrote.
+already answered with a call (or thought and closed ``</think>``) once makes it, greedy,
+write the same again, and the logprob entries show the markup it wrote. tool_choice
+required / named run on the engine's grammar, which forces a call the model would not make.
 """
 
 from __future__ import annotations
@@ -302,3 +303,40 @@ def test_reasoning_when_the_prompt_opens_think(api: openai.OpenAI) -> None:
 
 def spelled_dicts(entries: list[dict[str, Any]] | None) -> str:
     return b"".join(bytes(e["bytes"]) for e in entries or []).decode("utf-8")
+
+
+def test_reasoning_then_content_with_logprobs_split(api: openai.OpenAI) -> None:
+    # It thought this way before: greedy, it closes </think> and answers again.
+    thought = "Two plus two.\n</think>\n\nThe answer is 4."
+    msgs = [
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "<think>\n" + thought},
+        {"role": "user", "content": "What is 2+2?"},
+    ]
+    kw: dict[str, Any] = {"messages": msgs, "max_tokens": 40, "logprobs": True, "extra_body": THINK}
+    r = ask(api, **kw)
+    c = r.choices[0]
+    reasoning = c.message.reasoning_content  # type: ignore[attr-defined]
+    assert (reasoning, c.message.content) == ("Two plus two.\n", "The answer is 4.")
+    lp = c.logprobs.model_dump()
+    assert spelled_dicts(lp["reasoning_content"]) == reasoning
+    assert spelled_dicts(lp["content"]) == c.message.content
+    # </think> and the newlines after it make no text, so they have no entries
+    assert len(lp["reasoning_content"]) + len(lp["content"]) < r.usage.completion_tokens
+    streamed: dict[str, Any] = {"reasoning": "", "content": "", "r": [], "c": [], "order": []}
+    for chunk in ask(api, stream=True, **kw):
+        if not chunk.choices:
+            continue
+        d, lps = chunk.choices[0].delta.model_dump(), chunk.choices[0].logprobs
+        if d.get("reasoning_content"):
+            streamed["reasoning"] += d["reasoning_content"]
+            streamed["order"].append("reasoning")
+        if d.get("content"):
+            streamed["content"] += d["content"]
+            streamed["order"].append("content")
+        if lps is not None:
+            streamed["r"] += lps.model_dump().get("reasoning_content") or []
+            streamed["c"] += lps.model_dump()["content"] or []
+    assert (streamed["reasoning"], streamed["content"]) == (reasoning, c.message.content)
+    assert streamed["order"] == sorted(streamed["order"], key=lambda k: k != "reasoning")
+    assert (streamed["r"], streamed["c"]) == (lp["reasoning_content"], lp["content"])
