@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import llguidance
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from strata_core.engine.grammar import grammar_error, llguidance_grammar
 from strata_core.tools import (
     CallDelta,
     Dialect,
@@ -146,8 +148,6 @@ def test_detect_dialect() -> None:
 
 # ---- the grammar ----------------------------------------------------------------------------
 
-llguidance = pytest.importorskip("llguidance")
-from strata_core.engine.grammar import grammar_error, llguidance_grammar  # noqa: E402
 
 WEATHER = {
     "type": "function",
