@@ -21,6 +21,8 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from strata_core.tools import Dialect, detect_dialect
+
 # Used when a GGUF carries no ``tokenizer.chat_template``: ChatML, the template transformers
 # used as its class-level default, and the format most small instruct models are tuned on.
 FALLBACK_TEMPLATE = (
@@ -95,6 +97,11 @@ class ChatTemplate:
                 "no chat template: the model carries no tokenizer.chat_template "
                 "(pass a template, or use strata_core.chat.FALLBACK_TEMPLATE for ChatML)"
             )
+
+    @functools.cached_property
+    def tool_dialect(self) -> Dialect | None:
+        """How this template's model calls tools; None when the template shows no tools."""
+        return detect_dialect(self.source)
 
     def render(
         self,

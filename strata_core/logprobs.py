@@ -278,6 +278,10 @@ class Span:
         self._closed = True
         return out
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def _valid_end(self, end: int) -> int:
         if self._closed:
             raise RuntimeError("the span is closed: close() hands out its last entries")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata_core.logprobs import Entry, legacy
+from strata_core.tools import ToolCall
 
 
 @dataclass
@@ -46,11 +47,29 @@ class Choice:
     text: str
     finish_reason: str
     logprobs: dict[str, Any] | None = None  # chat_logprobs / completion_logprobs, if asked
+    reasoning: str = ""  # chat: the reasoning shown before the content
+    tool_calls: list[ToolCall] | None = None  # chat: None when tool calls were not parsed
+
+    def message(self) -> dict[str, Any]:
+        """A chat choice's ``message``: content null when the reply is only tool calls."""
+        out: dict[str, Any] = {"role": "assistant", "content": self.text}
+        if self.reasoning:
+            out["reasoning_content"] = self.reasoning
+        if self.tool_calls:
+            out["content"] = self.text or None
+            out["tool_calls"] = [c.body() for c in self.tool_calls]
+        return out
 
 
-def chat_logprobs(entries: Sequence[Entry]) -> dict[str, Any]:
-    """A chat choice's (or chunk's) ``logprobs``: one entry per token of the content."""
-    return {"content": [e.chat() for e in entries], "refusal": None}
+def chat_logprobs(
+    entries: Sequence[Entry], reasoning: Sequence[Entry] | None = None
+) -> dict[str, Any]:
+    """A chat choice's (or chunk's) ``logprobs``: one entry per token of the content, and
+    (as vLLM and llama-server do) ``reasoning_content`` for the reasoning's tokens."""
+    out: dict[str, Any] = {"content": [e.chat() for e in entries], "refusal": None}
+    if reasoning:
+        out["reasoning_content"] = [e.chat() for e in reasoning]
+    return out
 
 
 def completion_logprobs(entries: Sequence[Entry], text_offset0: int = 0) -> dict[str, Any]:
@@ -79,7 +98,7 @@ def chat_response(
         "choices": [
             {
                 "index": c.index,
-                "message": {"role": "assistant", "content": c.text},
+                "message": c.message(),
                 "logprobs": c.logprobs,
                 "finish_reason": c.finish_reason,
             }

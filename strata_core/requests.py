@@ -8,6 +8,7 @@ a seed is stored modulo 2**64, and ``logit_bias`` keys become ints.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any, Literal, TypeVar
@@ -46,19 +47,14 @@ MAX_TOP_LOGPROBS = 20
 #: refused with a 400 naming the field; null/false mean "not asked for" and are accepted.
 #: ``suffix`` is a /v1/completions field.
 NOT_YET_SUPPORTED: tuple[str, ...] = (
-    "tools",
-    "tool_choice",
-    "functions",
+    "functions",  # the legacy spelling of tools / tool_choice: send those instead
     "function_call",
-    "parallel_tool_calls",
     "suffix",
 )
 
 #: The same, inside a chat message: an assistant message echoed back by a client carries
 #: these as null.
 MESSAGE_NOT_YET_SUPPORTED: tuple[str, ...] = (
-    "tool_calls",
-    "tool_call_id",
     "function_call",
     "refusal",
 )
@@ -132,10 +128,42 @@ class TextPart(_Strict):
     text: str
 
 
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _tool_name(value: str) -> str:
+    if not _TOOL_NAME.fullmatch(value):
+        raise _invalid("a function name is 1 to 64 letters, digits, underscores or dashes")
+    return value
+
+
+class FunctionCall(_Strict):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class MessageToolCall(_Strict):
+    """A call of an earlier assistant turn, echoed back by the client."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+def _json_object(text: str) -> Any:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
+
+
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = Field(default=None, validate_default=True)
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -169,6 +197,39 @@ class ChatMessage(_Strict):
                 raise _invalid('expected text parts of the form {"type": "text", "text": "..."}')
             parts.append(TextPart(type="text", text=part["text"]))
         return parts
+
+    def template_view(self) -> dict[str, Any]:
+        """The message as chat templates read it (Hugging Face's form): text parts joined,
+        null content as "", and call arguments as the object they spell, which templates
+        render with ``tojson`` (text that is not a JSON object stays text)."""
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(p.text for p in content)
+        out: dict[str, Any] = {"role": self.role, "content": content or ""}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": c.type,
+                    "function": {"name": c.function.name, "arguments": _json_object(c.function.arguments)},
+                }
+                for c in self.tool_calls
+            ]
+        return out
+
+    @model_validator(mode="after")
+    def _tool_fields(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise _invalid("tool_calls are only allowed on assistant messages")
+        if self.role == "tool" and not self.tool_call_id:
+            raise _invalid("a tool message needs the tool_call_id of the call it answers")
+        if self.tool_call_id is not None and self.role != "tool":
+            raise _invalid("tool_call_id is only allowed on tool messages")
+        return self
 
 
 class BaseRequest(_Strict):
@@ -306,12 +367,134 @@ def _top_count(value: int) -> int:
     return value
 
 
+class FunctionDef(_Strict):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
+    strict: bool | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _tool_name(value)
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+    def template_view(self) -> dict[str, Any]:
+        """The tool as chat templates read it (Hugging Face's form)."""
+        return self.model_dump(exclude_none=True)
+
+
+class FunctionName(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: FunctionName
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+#: chat_template_kwargs that would replace what the server itself hands the template.
+RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "documents")
+
+
 class ChatRequest(BaseRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     # true, or (vLLM / legacy form) an int taken as top_logprobs
     logprobs: bool | int | None = None
     top_logprobs: int | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    # Extension (vLLM, SGLang): variables for the chat template, e.g. enable_thinking.
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, value: list[Tool] | None) -> list[Tool] | None:
+        if value is None:
+            return None
+        if not value:
+            raise _invalid("expected at least one tool (leave tools out for none)")
+        names = [t.function.name for t in value]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise _invalid(f"function names must be unique; {twice[0]!r} appears more than once")
+        return value
+
+    @field_validator("tool_choice", mode="plain")
+    @classmethod
+    def _tool_choice(cls, value: Any, info: ValidationInfo) -> ToolChoice | None:
+        if value is None:
+            return None
+        if isinstance(value, dict):
+            try:
+                value = NamedToolChoice.model_validate(value)
+            except ValidationError:
+                raise _invalid(
+                    'expected {"type": "function", "function": {"name": "..."}}', "invalid_type"
+                ) from None
+        elif value not in ("none", "auto", "required"):
+            raise _invalid(
+                "expected 'none', 'auto', 'required' or "
+                '{"type": "function", "function": {"name": "..."}}'
+            )
+        if "tools" not in info.data:
+            return value  # tools itself failed; that error is reported
+        tools = info.data.get("tools")
+        if not tools:
+            raise _invalid("tool_choice is only allowed when tools are given")
+        fmt = info.data.get("response_format")
+        if value == "required" or isinstance(value, NamedToolChoice):
+            if fmt is not None and fmt.type != "text":
+                raise _invalid(
+                    "a forced tool call and response_format both constrain the reply; send one"
+                )
+        if isinstance(value, NamedToolChoice):
+            names = [t.function.name for t in tools]
+            if value.function.name not in names:
+                raise _invalid(
+                    f"names the function {value.function.name!r}, which is not among "
+                    f"the tools ({', '.join(names)})"
+                )
+        return value  # type: ignore[no-any-return]
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None:
+            return None
+        for key in value:
+            if key in RESERVED_TEMPLATE_KWARGS:
+                raise _invalid(
+                    f"{key!r} cannot be set here: the server passes it to the template "
+                    f"(send it as its own parameter)"
+                )
+            if not key.isidentifier():
+                raise _invalid(f"{key!r} is not a template variable name")
+        return value
+
+    def tool_mode(self) -> Literal["none", "auto", "required", "named"]:
+        """What the request asks of tools: none (no tools, or tool_choice none), auto,
+        required, or named (one function, :meth:`named_tool`)."""
+        if not self.tools or self.tool_choice == "none":
+            return "none"
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return "named"
+        return self.tool_choice or "auto"
+
+    def forced_tools(self) -> list[Tool]:
+        """The tools one of which must be called (required: all; named: that one)."""
+        tools = self.tools or []
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return [t for t in tools if t.function.name == self.tool_choice.function.name]
+        return list(tools)
 
     @field_validator("logprobs", mode="plain")
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -15,77 +16,28 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from strata_core import openai as oai
+from strata_core import protocol as proto
 from strata_core.chat import FALLBACK_TEMPLATE, ChatTemplate, TemplateError
+from strata_core.choice import ChatShape, ChoiceText, Delta, carry, joined
 from strata_core.config import Config
+from strata_core.engine.grammar import grammar_error, llguidance_grammar
 from strata_core.errors import ApiError
-from strata_core.logprobs import Aligner, Entry, Span
+from strata_core.logprobs import Entry
 from strata_core.metrics import Metrics
 from strata_core.models import ALIASES
-from strata_core.reader import EngineClient, EngineUnavailable, Finished, TokenEvent
+from strata_core.reader import EngineClient, EngineUnavailable, Finished
+from strata_core.reasoning import prompt_opens_think
 from strata_core.requests import BaseRequest, ChatRequest, CompletionRequest, parse_request
 from strata_core.sampling import resolve_seed, sampling_keys
 from strata_core.structured import Constraint, constraint_for, reconcile_choice
-from strata_core.text import Detokenizer, StopMatcher, decode
+from strata_core.text import decode
+from strata_core.tools import (
+    ToolCall,
+    call_grammar,
+)
 
 log = logging.getLogger("strata.server")
 T = TypeVar("T")
-
-
-@dataclass
-class Delta:
-    """A piece of one choice's text; the last one carries the finish reason and usage.
-
-    ``entries``: when logprobs were asked for, the entries handed out with this piece
-    (logprobs.Span's rule: over the whole choice they spell its text); else None.
-    """
-
-    text: str
-    finish: str | None = None
-    usage: oai.Usage | None = None
-    entries: list[Entry] | None = None
-
-
-class ChoiceText:
-    """One choice's tokens -> released text (stop strings applied) and logprob entries.
-
-    Without logprobs it is a Detokenizer and a StopMatcher; with them an Aligner decodes,
-    and a Span hands out the entries of the text released so far, cut where a stop
-    string cuts the text, so the entries always spell the (trimmed) content exactly.
-    """
-
-    def __init__(self, pieces: list[bytes], stops: list[str], top_k: int | None) -> None:
-        self._matcher = StopMatcher(stops)
-        self._detok = Detokenizer(pieces)
-        self._aligner = None if top_k is None else Aligner(pieces, top_k)
-        self._span = None if self._aligner is None else Span(self._aligner)
-        self._released = 0  # characters of the text shown so far
-        self.stopped = False
-
-    def push(self, ev: TokenEvent) -> tuple[str, list[Entry] | None]:
-        """Take the next token: the text now safe to show and the entries that go with it."""
-        if self._aligner is None:
-            text = self._detok.feed(ev.id)
-        else:
-            text = self._aligner.add(ev.id, ev.logprob)
-        safe, self.stopped = self._matcher.push(text)
-        return safe, self._release(safe, last=self.stopped)
-
-    def end(self) -> tuple[str, list[Entry] | None]:
-        """The engine is done: the rest of the text and of the entries."""
-        if self.stopped:  # the stop already released (and closed) everything
-            return "", None if self._span is None else []
-        text = self._detok.flush() if self._aligner is None else self._aligner.flush()
-        safe, self.stopped = self._matcher.push(text)
-        tail = safe if self.stopped else safe + self._matcher.flush()
-        return tail, self._release(tail, last=True)
-
-    def _release(self, text: str, last: bool) -> list[Entry] | None:
-        self._released += len(text)
-        if self._span is None:
-            return None
-        if last:
-            return self._span.close(self._released)
-        return self._span.take(self._released) if text else []
 
 
 @dataclass
@@ -130,19 +82,56 @@ class Service:
             ids.insert(0, bos)
         return ids
 
-    async def chat_prompt(self, req: ChatRequest) -> list[int]:
+    async def chat_prompt(self, req: ChatRequest) -> tuple[list[int], ChatShape]:
+        """The prompt's token ids, and how the reply will be cut up."""
         assert self.template is not None
-        messages = []
-        for m in req.messages:
-            content = m.content
-            if isinstance(content, list):
-                content = "".join(p.text for p in content)
-            messages.append({"role": m.role, "content": content or ""})
+        dialect = self.template.tool_dialect
+        if req.tools and dialect is None:
+            raise ApiError(
+                400,
+                "this model's chat template does not support tools (it never reads them), "
+                "so the model would not see them; leave tools out",
+                param="tools",
+                code="unsupported_value",
+            )
+        mode = req.tool_mode()
+        tools = None if mode == "none" else [t.template_view() for t in req.tools or ()]
+        messages = [m.template_view() for m in req.messages]
         try:
-            text = self.template.render(messages, add_generation_prompt=True)
+            text = self.template.render(
+                messages, add_generation_prompt=True, tools=tools, **(req.chat_template_kwargs or {})
+            )
         except TemplateError as exc:
             raise ApiError(400, f"the chat template failed: {exc}", param="messages") from None
-        return await self.engine.tokenize(text, special=True)
+        shape = ChatShape(prompt_opens_think(text), None if mode == "none" else dialect)
+        return await self.engine.tokenize(text, special=True), shape
+
+    def tool_grammar(self, req: ChatRequest) -> str | None:
+        """The GEN ``grammar`` value forcing a call for tool_choice required / named."""
+        mode = req.tool_mode()
+        if mode not in ("required", "named"):
+            return None
+        dialect = self.template.tool_dialect if self.template is not None else None
+        assert dialect is not None  # chat_prompt refused tools without one
+        if "grammar" not in self.engine.info.get("capabilities", ()):
+            raise ApiError(
+                400,
+                f"tool_choice {mode!r} needs constrained decoding, which this engine does not "
+                "offer (no 'grammar' capability); send tool_choice 'auto'",
+                param="tool_choice",
+                code="unsupported_value",
+            )
+        tools = [t.template_view() for t in req.forced_tools()]
+        grammar = call_grammar(tools, dialect, parallel=req.parallel_tool_calls is not False)
+        problem = grammar_error(llguidance_grammar("lark", grammar))
+        if problem:
+            raise ApiError(
+                400,
+                f"the tools' parameters cannot be enforced: {problem}",
+                param="tools",
+                code="invalid_value",
+            )
+        return proto.encode_grammar("lark", grammar)
 
     def check_lengths(self, prompt: list[int], req: BaseRequest, param: str) -> int:
         """The max_tokens to send; 400 when the prompt or the request exceed the context."""
@@ -177,11 +166,13 @@ class Service:
         stops: list[str],
         top_k: int | None = None,
         echo: str = "",
+        shape: ChatShape | None = None,
     ) -> AsyncIterator[Delta]:
         """Send GEN now (so an unavailable engine fails before the first byte).
 
         ``top_k``: logprobs with that many alternatives per token, None for none;
-        ``echo``: text shown before the generated text (completions' ``echo``).
+        ``echo``: text shown before the generated text (completions' ``echo``);
+        ``shape``: a chat reply's reasoning / tool-call split (None: plain text).
         """
         try:
             stream = self.engine.generate(prompt, keys)
@@ -189,12 +180,13 @@ class Service:
             raise ApiError(503, f"the engine is unavailable: {exc}", type="server_error",
                            code="engine_unavailable") from None
         self.metrics.requests.inc()
-        return self._follow(stream, ChoiceText(self.pieces, stops, top_k), echo)
+        return self._follow(stream, ChoiceText(self.pieces, stops, top_k, shape), echo)
 
     async def _follow(self, stream: Any, choice: ChoiceText, echo: str) -> AsyncIterator[Delta]:
         t0 = time.perf_counter()
         last = t0
-        carried: list[Entry] = []  # entries a stop released with no text: sent with the end
+        # entries released with no text (a stop, a think tag): sent with the next piece
+        carried = Delta("")
         try:
             if echo:
                 yield Delta(echo)
@@ -215,24 +207,27 @@ class Service:
                     self.metrics.prompt_tokens.inc(usage.prompt)
                     self.metrics.cached_tokens.inc(usage.cached)
                     self.metrics.gen_tokens.inc(usage.completion)
-                    tail, entries = choice.end()
-                    if entries is not None:
-                        entries = carried + entries
+                    tail = carry(carried, choice.end())
                     finish = "stop" if choice.stopped or ev.reason != "length" else "length"
-                    yield Delta(tail, finish, usage, entries)
+                    tail.tool_calls = choice.tool_calls
+                    if finish == "stop" and tail.tool_calls:
+                        finish = "tool_calls"
+                    tail.finish, tail.usage = finish, usage
+                    yield tail
                     return
                 now = time.perf_counter()
                 (self.metrics.itl if last != t0 else self.metrics.ttft).observe(now - last)
                 last = now
                 if choice.stopped:
                     continue
-                safe, entries = choice.push(ev)
+                piece = carry(carried, choice.push(ev))
                 if choice.stopped:
                     self.engine.cancel(stream.rid)
-                if safe:
-                    yield Delta(safe, entries=entries)
-                elif entries:
-                    carried += entries
+                if piece.shows():
+                    carried = Delta("")
+                    yield piece
+                else:
+                    carried = piece
         finally:
             if not stream.finished:
                 self.engine.cancel(stream.rid)
@@ -271,31 +266,64 @@ class Collected:
     finish: str
     usage: oai.Usage
     entries: list[Entry] | None  # None: logprobs were not asked for
+    reasoning: str = ""
+    reasoning_entries: list[Entry] | None = None
+    tool_calls: list[ToolCall] | None = None
+
+    def choice(self, index: int, chat: bool) -> oai.Choice:
+        lp = _logprobs_body(self.entries, chat, reasoning=self.reasoning_entries)
+        return oai.Choice(index, self.text, self.finish, lp, self.reasoning, self.tool_calls)
 
 
 async def _collect(it: AsyncIterator[Delta]) -> Collected:
-    parts: list[str] = []
-    entries: list[Entry] | None = None
+    whole = Delta("")  # text, reasoning and entries so far
     async for d in it:
-        parts.append(d.text)
-        if d.entries is not None:
-            entries = [] if entries is None else entries
-            entries.extend(d.entries)
+        whole.text += d.text
+        whole.reasoning += d.reasoning
+        whole.entries = joined(whole.entries, d.entries)
+        whole.reasoning_entries = joined(whole.reasoning_entries, d.reasoning_entries)
         if d.finish is not None:
-            return Collected("".join(parts), d.finish, d.usage or oai.Usage(), entries)
+            return Collected(
+                whole.text, d.finish, d.usage or oai.Usage(), whole.entries,
+                whole.reasoning, whole.reasoning_entries or None, d.tool_calls,
+            )  # fmt: skip
     raise EngineUnavailable("the engine ended the request without DONE")
 
 
 def _reconciled(r: Collected, constraint: Constraint) -> Collected:
     """A structured choice as returned: structured.reconcile_choice's content and entries."""
     text, entries = reconcile_choice(r.text, r.entries, constraint.schema)
-    return Collected(text, r.finish, r.usage, entries)
+    return dataclasses.replace(r, text=text, entries=entries)
 
 
-def _logprobs_body(entries: list[Entry] | None, chat: bool, offset: int = 0) -> dict[str, Any] | None:
+def _logprobs_body(
+    entries: list[Entry] | None,
+    chat: bool,
+    offset: int = 0,
+    reasoning: list[Entry] | None = None,
+) -> dict[str, Any] | None:
     if entries is None:
         return None
-    return oai.chat_logprobs(entries) if chat else oai.completion_logprobs(entries, offset)
+    if chat:
+        return oai.chat_logprobs(entries, reasoning)
+    return oai.completion_logprobs(entries, offset)
+
+
+def _chat_parts(d: Delta) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+    """A streamed piece as chat deltas with their logprobs: the reasoning first, then the
+    content and tool calls (the last part takes the finish reason)."""
+    parts: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
+    if d.reasoning or d.reasoning_entries:
+        lp = None if d.entries is None else oai.chat_logprobs([], d.reasoning_entries)
+        parts.append(({"reasoning_content": d.reasoning} if d.reasoning else {}, lp))
+    delta: dict[str, Any] = {}
+    if d.text:
+        delta["content"] = d.text
+    if d.calls:
+        delta["tool_calls"] = [c.body() for c in d.calls]
+    if delta or d.entries or d.finish is not None or not parts:
+        parts.append((delta, _logprobs_body(d.entries, True)))
+    return parts
 
 
 def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
@@ -369,6 +397,8 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
         param: str,
         chat: bool,
         echoes: list[str] | None = None,
+        shape: ChatShape | None = None,
+        extra_keys: dict[str, str] | None = None,
     ) -> Response:
         check_model(req)
         check_token_ids(req)
@@ -385,7 +415,8 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
                 keys = keys_for(req, max_new[pi], _seed_for_choice(seed, pi * req.n + j))
                 if constraint is not None:
                     keys["grammar"] = constraint.gen_value()
-                iters.append(service.start_choice(prompt, keys, stops, top_k, echo))
+                keys.update(extra_keys or {})
+                iters.append(service.start_choice(prompt, keys, stops, top_k, echo, shape))
         headers = {"x-strata-seed": str(seed)}
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -404,10 +435,7 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
             usage.add_choice(r.usage, first_of_prompt=i % req.n == 0)
         if constraint is not None and not echoes:  # an echoed prompt is not part of the value
             results = [_reconciled(r, constraint) for r in results]
-        choices = [
-            oai.Choice(i, r.text, r.finish, _logprobs_body(r.entries, chat))
-            for i, r in enumerate(results)
-        ]
+        choices = [r.choice(i, chat) for i, r in enumerate(results)]
         build = oai.chat_response if chat else oai.completion_response
         return JSONResponse(build(rid, service.model_id, choices, usage, seed), headers=headers)
 
@@ -455,16 +483,17 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
                     return
                 if item.usage is not None:
                     usage.add_choice(item.usage, first_of_prompt=i % n == 0)
-                if item.text or item.finish or item.entries:
+                if chat:
+                    parts = _chat_parts(item)
+                    for k, (delta, lp) in enumerate(parts):
+                        finish = item.finish if k == len(parts) - 1 else None
+                        yield oai.sse(oai.chat_chunk(rid, model, created, i, delta, finish, lp))
+                elif item.text or item.finish or item.entries:
                     lp = _logprobs_body(item.entries, chat, offsets[i])
                     offsets[i] += sum(len(e.token) for e in item.entries or ())
-                    if chat:
-                        delta = {"content": item.text} if item.text else {}
-                        yield oai.sse(oai.chat_chunk(rid, model, created, i, delta, item.finish, lp))
-                    else:
-                        yield oai.sse(
-                            oai.completion_chunk(rid, model, created, i, item.text, item.finish, lp)
-                        )
+                    yield oai.sse(
+                        oai.completion_chunk(rid, model, created, i, item.text, item.finish, lp)
+                    )
             if include_usage:
                 obj = "chat.completion.chunk" if chat else "text_completion"
                 yield oai.sse(oai.usage_chunk(rid, model, created, obj, usage))
@@ -477,8 +506,11 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
     async def chat_completions(request: Request) -> Response:
         req = parse_request(ChatRequest, await body_of(request))
         await _ready_or_503()
-        prompt = await service.chat_prompt(req)
-        return await respond(request, req, [prompt], "messages", chat=True)
+        prompt, shape = await service.chat_prompt(req)
+        grammar = service.tool_grammar(req)
+        extra = {"grammar": grammar} if grammar is not None else None
+        return await respond(request, req, [prompt], "messages", chat=True, shape=shape,
+                             extra_keys=extra)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

@@ -27,6 +27,15 @@ def decode(pieces: Sequence[bytes], ids: Sequence[int]) -> str:
     return b"".join(pieces[i] for i in ids).decode("utf-8", "replace")
 
 
+def held_prefix(text: str, tag: str) -> int:
+    """Length of the longest tail of ``text`` that is a proper prefix of ``tag``: what a
+    stream must hold back until it knows whether ``tag`` follows."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0
+
+
 class StopMatcher:
     """Finds the first stop string in streamed text and holds back a possible prefix.
 
@@ -46,12 +55,7 @@ class StopMatcher:
         if cut >= 0:
             self.held = ""
             return buf[:cut], True
-        keep = 0  # the longest tail of buf that starts some stop string
-        for s in self.stops:
-            for n in range(min(len(s) - 1, len(buf)), keep, -1):
-                if s.startswith(buf[-n:]):
-                    keep = n
-                    break
+        keep = max(held_prefix(buf, s) for s in self.stops)  # a tail that starts a stop
         self.held = buf[len(buf) - keep :]
         return buf[: len(buf) - keep], False
 

@@ -215,3 +215,59 @@ def test_trim_blocks_and_lstrip_blocks() -> None:
 
 def test_compile_template_is_cached() -> None:
     assert compile_template(FALLBACK_TEMPLATE) is compile_template(FALLBACK_TEMPLATE)
+
+
+LLAMA3_STYLE = (
+    "{{- bos_token }}"
+    "{%- if tools is not none %}{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}"
+    "{{- 'Respond with {\"name\": function name, \"parameters\": dictionary of arguments}.' }}"
+    "{%- for t in tools %}{{- '\\n' + (t | tojson) }}{%- endfor %}{{- '<|eot_id|>' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'assistant' and message.tool_calls %}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{%- set call = message.tool_calls[0].function %}"
+    "{{- '{\"name\": \"' + call.name + '\", \"parameters\": ' + (call.arguments | tojson) + '}<|eot_id|>' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + message.content + '<|eot_id|>' }}"
+    "{%- else %}"
+    "{{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n' + message.content + '<|eot_id|>' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+
+
+def test_tool_dialect_is_read_from_the_template(smollm2: ChatTemplate) -> None:
+    from strata_core.tools import Dialect
+
+    assert smollm2.tool_dialect is None  # SmolLM2's template never shows tools
+    assert ChatTemplate(FALLBACK_TEMPLATE).tool_dialect is None
+    assert ChatTemplate(QWEN_STYLE + "<tool_call>").tool_dialect is Dialect.HERMES
+    assert ChatTemplate(LLAMA3_STYLE).tool_dialect is Dialect.LLAMA3
+
+
+def test_a_tool_round_trip_renders_as_hf_does() -> None:
+    from strata_core.requests import ChatRequest, parse_request
+
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "東京"}'}}
+    req = parse_request(ChatRequest, {
+        "messages": [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        ],
+        "tools": [WEATHER],
+    })  # fmt: skip
+    assert req.tools is not None
+    text = ChatTemplate(LLAMA3_STYLE, bos_token="<s>").render(
+        [m.template_view() for m in req.messages], tools=[t.template_view() for t in req.tools]
+    )
+    assert text == (
+        "<s><|start_header_id|>system<|end_header_id|>\n\n"
+        'Respond with {"name": function name, "parameters": dictionary of arguments}.\n'
+        + json.dumps(WEATHER, ensure_ascii=False) + "<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nWeather?<|eot_id|>"
+        # the arguments reach the template as an object, so tojson writes them as JSON
+        '<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "get_weather", "parameters": {"city": "東京"}}<|eot_id|>'
+        "<|start_header_id|>ipython<|end_header_id|>\n\nsunny<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )

@@ -17,6 +17,14 @@ from strata_core.requests import (
 )
 
 USER = [{"role": "user", "content": "hi"}]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
 
 
 def chat(**fields: Any) -> dict[str, Any]:
@@ -71,7 +79,9 @@ def refused(model_cls: type[Any], body: Any) -> ApiError:
         (chat(stream_options={"include_usage": True}), "stream_options"),
         (chat(stream=True, stream_options={"include_usage": True, "x": 1}), "stream_options.x"),
         ({"messages": ["hi"]}, "messages.0"),
-        ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
+        ({"messages": [{"role": "critic", "content": "x"}]}, "messages.0.role"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0"),  # no tool_call_id
+        ({"messages": [{"role": "user", "content": "x", "tool_call_id": "c"}]}, "messages.0"),
         ({"messages": [{"role": "user"}]}, "messages.0.content"),
         ({"messages": [{"role": "user", "content": None}]}, "messages.0.content"),
         ({"messages": [*USER, {"role": "user", "content": 7}]}, "messages.1.content"),
@@ -81,9 +91,18 @@ def refused(model_cls: type[Any], body: Any) -> ApiError:
         ),
         (
             {"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"id": "a"}]}]},
-            "messages.0.tool_calls",
+            "messages.0.tool_calls.0.function",
         ),
-        (chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
+        (chat(tools=[{"type": "function", "function": {"name": "a b"}}]), "tools.0.function.name"),
+        (chat(tools=[{"type": "retrieval"}]), "tools.0.type"),
+        (chat(tools=[]), "tools"),
+        (chat(tools=[WEATHER, WEATHER]), "tools"),
+        (chat(tools=[WEATHER], tool_choice="maybe"), "tool_choice"),
+        (chat(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "f"}}), "tool_choice"),
+        (chat(tools=[WEATHER], tool_choice={"type": "function"}), "tool_choice"),
+        (chat(tools=[WEATHER], tool_choice="required", response_format={"type": "json_object"}), "tool_choice"),
+        (chat(chat_template_kwargs={"add_generation_prompt": False}), "chat_template_kwargs"),
+        (chat(chat_template_kwargs=[1]), "chat_template_kwargs"),
         (chat(response_format={"type": "xml"}), "response_format.type"),
         (chat(response_format={"type": "json_schema"}), "response_format"),
         (chat(response_format={"type": "text", "json_schema": {"name": "a"}}), "response_format"),
@@ -109,7 +128,8 @@ def refused(model_cls: type[Any], body: Any) -> ApiError:
         (chat(allowed_token_ids=5), "allowed_token_ids"),
         (chat(logprobs_mode="sampled"), "logprobs_mode"),
         (chat(tool_choice="auto"), "tool_choice"),
-        (chat(parallel_tool_calls=True), "parallel_tool_calls"),
+        (chat(tool_choice="none"), "tool_choice"),
+        (chat(tools=[WEATHER], parallel_tool_calls="yes"), "parallel_tool_calls"),
     ],
 )
 def test_chat_refused(body: dict[str, Any], param: str) -> None:
@@ -246,7 +266,7 @@ def test_limits() -> None:
     assert parse_request(ChatRequest, chat(stop=["a", "b", "c", "d"])).stop_list() == list("abcd")
 
 
-@pytest.mark.parametrize("name", ["tools", "tool_choice", "functions"])
+@pytest.mark.parametrize("name", ["functions", "function_call"])
 def test_later_work_is_refused_as_not_yet(name: str) -> None:
     assert name in NOT_YET_SUPPORTED
     err = refused(ChatRequest, chat(**{name: {"type": "json_object"}}))
@@ -330,3 +350,45 @@ def test_seed_bounds_are_inclusive() -> None:
     assert parse_request(ChatRequest, chat(seed=2**64 - 1)).seed == 2**64 - 1
     assert parse_request(ChatRequest, chat(seed=-(2**63))).seed == 2**63
     assert parse_request(ChatRequest, chat(seed=0)).seed == 0
+
+
+def test_tools_round_trip_messages_are_accepted_and_shown_to_templates_as_hf_does() -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    req = parse_request(
+        ChatRequest,
+        {
+            "messages": [
+                *USER,
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+            ],
+            "tools": [WEATHER],
+            "tool_choice": "auto",
+            "parallel_tool_calls": False,
+            "chat_template_kwargs": {"enable_thinking": False},
+        },
+    )
+    assert req.tool_mode() == "auto" and req.chat_template_kwargs == {"enable_thinking": False}
+    assistant = req.messages[1].template_view()
+    assert assistant["content"] == ""
+    assert assistant["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}  # an object
+    assert req.messages[2].template_view() == {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}
+    assert req.tools is not None and req.tools[0].template_view() == WEATHER
+
+
+@pytest.mark.parametrize(
+    "choice,mode,forced",
+    [
+        (None, "auto", ["get_weather", "f"]),
+        ("auto", "auto", ["get_weather", "f"]),
+        ("none", "none", ["get_weather", "f"]),
+        ("required", "required", ["get_weather", "f"]),
+        ({"type": "function", "function": {"name": "f"}}, "named", ["f"]),
+    ],
+)
+def test_tool_modes(choice: Any, mode: str, forced: list[str]) -> None:
+    other = {"type": "function", "function": {"name": "f"}}
+    req = parse_request(ChatRequest, chat(tools=[WEATHER, other], tool_choice=choice))
+    assert req.tool_mode() == mode
+    assert [t.function.name for t in req.forced_tools()] == forced
+    assert parse_request(ChatRequest, chat()).tool_mode() == "none"

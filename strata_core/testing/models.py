@@ -5,6 +5,7 @@
   at any size (shapes below); the same seed gives the same file.
 - ``truncate``: a model keeping only its first layers, e.g. a draft model for
   self-speculation that shares the vocabulary.
+- ``write_with_template``: a model carrying another chat template.
 
     python -m strata_core.testing.models random --tokenizer tok.gguf --shape 1b out.gguf
 """
@@ -109,21 +110,29 @@ def write_random(tokenizer: Path, dst: Path, shape: Shape, seed: int = 0, n_ctx:
     writer.close()
 
 
-def write_truncated(src: Path, dst: Path, n_layers: int) -> None:
-    """``src`` with only its first ``n_layers`` blocks, tensors copied as they are."""
+def _rewrite(src: Path, dst: Path, n_layers: int | None = None, chat_template: str | None = None) -> None:
+    """``src`` copied tensor for tensor, keeping only the first ``n_layers`` blocks and
+    carrying ``chat_template`` instead of its own, when given."""
     reader = gguf.GGUFReader(src)
     arch = _arch_fields(reader)
     writer = gguf.GGUFWriter(dst, arch)
-    skip = {"general.architecture", f"{arch}.block_count"}
+    skip = {"general.architecture"}
+    if n_layers is not None:
+        skip.add(f"{arch}.block_count")
+    if chat_template is not None:
+        skip.add(gguf.Keys.Tokenizer.CHAT_TEMPLATE)
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key in skip or not field.types:
             continue
         vtype = field.types[0]
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(key, field.contents(), vtype, sub_type=sub)
-    writer.add_block_count(n_layers)
+    if n_layers is not None:
+        writer.add_block_count(n_layers)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
     for t in reader.tensors:
-        if t.name.startswith("blk.") and int(t.name.split(".")[1]) >= n_layers:
+        if n_layers is not None and t.name.startswith("blk.") and int(t.name.split(".")[1]) >= n_layers:
             continue
         # For quantised types t.data holds bytes per row; the writer derives the shape.
         writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
@@ -131,6 +140,17 @@ def write_truncated(src: Path, dst: Path, n_layers: int) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def write_truncated(src: Path, dst: Path, n_layers: int) -> None:
+    """``src`` with only its first ``n_layers`` blocks, tensors copied as they are."""
+    _rewrite(src, dst, n_layers=n_layers)
+
+
+def write_with_template(src: Path, dst: Path, chat_template: str) -> None:
+    """``src`` (weights, tokenizer and all) with another chat template, e.g. one that
+    shows the model tools."""
+    _rewrite(src, dst, chat_template=chat_template)
 
 
 def main(argv: list[str] | None = None) -> None:

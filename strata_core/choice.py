@@ -1,0 +1,137 @@
+"""One choice's tokens -> what the reply shows: content, reasoning, tool-call deltas, and
+the logprob entries that spell each, as pieces (:class:`Delta`) for the HTTP layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from strata_core import openai as oai
+from strata_core.logprobs import Aligner, Entry, Span
+from strata_core.reader import TokenEvent
+from strata_core.reasoning import Piece, ThinkSplitter
+from strata_core.text import Detokenizer, StopMatcher
+from strata_core.tools import CallDelta, Dialect, ToolCall, ToolCallParser, split_events
+
+
+@dataclass
+class Delta:
+    """A piece of one choice's reply; the last one carries the finish reason and usage.
+
+    ``text`` is content, ``reasoning`` the reasoning shown before it, ``calls`` tool-call
+    deltas. ``entries`` / ``reasoning_entries``: when logprobs were asked for, the entries
+    handed out with this piece (logprobs.Span's rule: over the whole choice they spell
+    its content / its reasoning); else None. ``tool_calls``: on the last piece, the
+    choice's calls whole when tool calls were parsed, else None.
+    """
+
+    text: str
+    finish: str | None = None
+    usage: oai.Usage | None = None
+    entries: list[Entry] | None = None
+    reasoning: str = ""
+    reasoning_entries: list[Entry] | None = None
+    calls: list[CallDelta] = field(default_factory=list)
+    tool_calls: list[ToolCall] | None = None
+
+    def shows(self) -> bool:
+        return bool(self.text or self.reasoning or self.calls)
+
+
+@dataclass(frozen=True)
+class ChatShape:
+    """How a chat reply is cut up: ``thinking`` the prompt left a ``<think>`` block open;
+    ``dialect`` parse tool calls in it (None: the reply is only content)."""
+
+    thinking: bool = False
+    dialect: Dialect | None = None
+
+
+def joined(a: list[Entry] | None, b: list[Entry] | None) -> list[Entry] | None:
+    return b if a is None else a + (b or [])
+
+
+class ChoiceText:
+    """One choice's tokens -> released text (stop strings applied) and logprob entries.
+
+    Without logprobs it is a Detokenizer and a StopMatcher; with them an Aligner decodes,
+    and Spans hand out the entries of the text released so far, cut where a stop string
+    cuts the text, so the entries always spell the (trimmed) text exactly. For chat
+    (``shape``), the released text is split into reasoning and content (reasoning.py),
+    each with its own Span, and the content into text and tool calls (tools.py); the
+    content's entries spell the content as the model wrote it, calls included.
+    """
+
+    def __init__(
+        self, pieces: list[bytes], stops: list[str], top_k: int | None, shape: ChatShape | None = None
+    ) -> None:
+        self._matcher = StopMatcher(stops)
+        self._detok = Detokenizer(pieces)
+        self._aligner = None if top_k is None else Aligner(pieces, top_k)
+        self._think = None if shape is None else ThinkSplitter(shape.thinking)
+        self._tools = None if shape is None or shape.dialect is None else ToolCallParser(shape.dialect)
+        self._spans: dict[str, Span] = {}  # "reasoning" / "content", opened at their start
+        self._released = 0  # characters of the text shown so far
+        self.stopped = False
+
+    @property
+    def tool_calls(self) -> list[ToolCall] | None:
+        return None if self._tools is None else self._tools.calls
+
+    def push(self, ev: TokenEvent) -> Delta:
+        """Take the next token: the reply now safe to show and the entries that go with it."""
+        if self._aligner is None:
+            text = self._detok.feed(ev.id)
+        else:
+            text = self._aligner.add(ev.id, ev.logprob)
+        safe, self.stopped = self._matcher.push(text)
+        return self._release(safe, last=self.stopped)
+
+    def end(self) -> Delta:
+        """The engine is done: the rest of the reply and of the entries."""
+        if self.stopped:  # the stop already released (and closed) everything
+            empty: list[Entry] | None = None if self._aligner is None else []
+            return Delta("", entries=empty, reasoning_entries=empty)
+        text = self._detok.flush() if self._aligner is None else self._aligner.flush()
+        safe, self.stopped = self._matcher.push(text)
+        tail = safe if self.stopped else safe + self._matcher.flush()
+        return self._release(tail, last=True)
+
+    def _release(self, text: str, last: bool) -> Delta:
+        start = self._released
+        self._released += len(text)
+        if self._think is None:
+            pieces = [Piece("content", text, start, self._released)] if text else []
+        else:
+            pieces = self._think.push(text) + (self._think.flush() if last else [])
+        out = Delta("".join(p.text for p in pieces if p.kind == "content"))
+        out.reasoning = "".join(p.text for p in pieces if p.kind == "reasoning")
+        if self._tools is not None:
+            events = self._tools.push(out.text) + (self._tools.flush() if last else [])
+            out.text, out.calls = split_events(events)
+        if self._aligner is not None:
+            reasoning_end = None if self._think is None else self._think.reasoning_end
+            out.reasoning_entries = self._entries("reasoning", pieces, reasoning_end, last)
+            out.entries = self._entries("content", pieces, self._released if last else None, last)
+        return out
+
+    def _entries(self, kind: str, pieces: list[Piece], end: int | None, last: bool) -> list[Entry]:
+        """The entries of ``kind``'s text released now; ``end``: where that text ended."""
+        assert self._aligner is not None
+        mine = [p for p in pieces if p.kind == kind]
+        span = self._spans.get(kind)
+        if span is None:
+            if not mine:
+                return []
+            span = self._spans[kind] = Span(self._aligner, mine[0].start)
+        if span.closed:
+            return []
+        if end is not None or last:
+            return span.close(end)
+        return span.take(mine[-1].end) if mine else []
+
+
+def carry(carried: Delta, d: Delta) -> Delta:
+    """``d`` with the entries of earlier pieces that showed nothing put before its own."""
+    d.entries = joined(carried.entries, d.entries)
+    d.reasoning_entries = joined(carried.reasoning_entries, d.reasoning_entries)
+    return d

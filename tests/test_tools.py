@@ -1,0 +1,222 @@
+"""Tool calls: dialect detection, the incremental parser (at every chunk boundary), and the
+grammar that forces a call, checked offline with llguidance."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import llguidance
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from strata_core.engine.grammar import grammar_error, llguidance_grammar
+from strata_core.tools import (
+    CallDelta,
+    Dialect,
+    ToolCallParser,
+    call_grammar,
+    detect_dialect,
+)
+
+H, L = Dialect.HERMES, Dialect.LLAMA3
+
+
+def parse(dialect: Dialect, text: str, cuts: list[int] | None = None) -> tuple[str, list[tuple[str, str]], list[Any]]:
+    """(content, [(name, arguments)], events) of ``text`` pushed in pieces cut at ``cuts``."""
+    ids = iter(f"call_{i}" for i in range(100))
+    p = ToolCallParser(dialect, lambda: next(ids))
+    events: list[Any] = []
+    at = 0
+    for c in sorted(cuts or []) + [len(text)]:
+        events += p.push(text[at:c])
+        at = c
+    events += p.flush()
+    content = "".join(e for e in events if isinstance(e, str))
+    return content, [(c.name, c.arguments) for c in p.calls], events
+
+
+def every_cutting(text: str) -> list[list[int]]:
+    n = len(text)
+    cuts: list[list[int]] = [[], list(range(1, n))]
+    cuts += [[i] for i in range(n + 1)]
+    cuts += [[i, j] for i in range(0, n + 1, 3) for j in range(i, n + 1, 5)]
+    return cuts
+
+
+WEATHER_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+CASES = [
+    # (dialect, reply, content, calls)
+    (H, WEATHER_CALL, "", [("get_weather", '{"city": "Paris"}')]),
+    (H, "Let me check.\n" + WEATHER_CALL, "Let me check.\n", [("get_weather", '{"city": "Paris"}')]),
+    (
+        H,
+        WEATHER_CALL + "\n" + '<tool_call>\n{"name": "get_time", "arguments": {"tz": "a}, \\"b"}}\n</tool_call>',
+        "",
+        [("get_weather", '{"city": "Paris"}'), ("get_time", '{"tz": "a}, \\"b"}')],
+    ),
+    # keys in another order: sent whole, as canonical JSON
+    (H, '<tool_call>{"arguments": {"x": [1, 2]}, "name": "f"}</tool_call>', "", [("f", '{"x": [1, 2]}')]),
+    (H, "No call here, just <tool> talk and a < sign.", "No call here, just <tool> talk and a < sign.", []),
+    (H, "<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", []),
+    (H, '<tool_call>{"title": "x"}</tool_call>', '<tool_call>{"title": "x"}</tool_call>', []),
+    (H, "<tool_ca", "<tool_ca", []),
+    (L, '{"name": "get_weather", "parameters": {"city": "Paris"}}', "", [("get_weather", '{"city": "Paris"}')]),
+    (L, '<|python_tag|>{"name": "f", "arguments": {}}', "", [("f", "{}")]),
+    (L, '{"name": "f", "parameters": {"a": 1}}; {"name": "g", "parameters": {"b": "}"}}', "",
+     [("f", '{"a": 1}'), ("g", '{"b": "}"}')]),  # fmt: skip
+    (L, 'The answer is {"a": 1}', 'The answer is {"a": 1}', []),
+    (L, '  {"answer": 42}', '  {"answer": 42}', []),
+    (L, "Hello", "Hello", []),
+]
+
+
+@pytest.mark.parametrize("dialect,reply,content,calls", CASES)
+def test_parse_at_every_chunk_boundary(dialect: Dialect, reply: str, content: str, calls: list[tuple[str, str]]) -> None:
+    for cuts in every_cutting(reply):
+        got_content, got_calls, events = parse(dialect, reply, cuts)
+        assert (got_content, got_calls) == (content, calls), cuts
+        check_deltas(events, got_calls)
+
+
+def check_deltas(events: list[Any], calls: list[tuple[str, str]]) -> None:
+    """Each call's first delta carries id and name; its fragments join to its arguments."""
+    deltas = [e for e in events if isinstance(e, CallDelta)]
+    by_index: dict[int, list[CallDelta]] = {}
+    for d in deltas:
+        by_index.setdefault(d.index, []).append(d)
+    assert sorted(by_index) == list(range(len(calls)))
+    for i, (name, args) in enumerate(calls):
+        first, *rest = by_index[i]
+        assert first.id == f"call_{i}" and first.name == name
+        assert all(d.id is None and d.name is None for d in rest)
+        assert "".join(d.arguments for d in by_index[i]) == args
+    body = deltas[0].body() if deltas else None
+    if body is not None:
+        assert body["type"] == "function" and body["function"]["name"] == calls[0][0]
+
+
+def test_arguments_stream_before_the_call_ends() -> None:
+    p = ToolCallParser(H, lambda: "call_x")
+    events = p.push('<tool_call>\n{"name": "f", "arguments": {"city": "Par')
+    assert events == [CallDelta(0, "", "call_x", "f"), CallDelta(0, '{"city": "Par')]
+    assert p.push('is"}}\n</tool_call>') == [CallDelta(0, 'is"}')]
+    assert p.flush() == []
+
+
+def test_a_call_cut_short_keeps_what_was_streamed() -> None:
+    content, calls, _ = parse(H, '<tool_call>\n{"name": "f", "arguments": {"a": 1, ')
+    assert content == "" and calls == [("f", '{"a": 1,')]
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='ab "\\}{:,é', max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(alphabet="xyz", max_size=3), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(
+    st.lists(st.dictionaries(st.text(alphabet="abc_", min_size=1, max_size=4), _json, max_size=3), min_size=1, max_size=3),
+    st.sampled_from([H, L]),
+    st.sampled_from([None, 2]),
+    st.lists(st.integers(min_value=0, max_value=400), max_size=8),
+)
+def test_any_calls_any_chunking(args: list[dict[str, Any]], dialect: Dialect, indent: int | None, cuts: list[int]) -> None:
+    key = "arguments" if dialect is H else "parameters"
+    objs = [json.dumps({"name": f"fn{i}", key: a}, indent=indent, ensure_ascii=False) for i, a in enumerate(args)]
+    if dialect is H:
+        reply = "\n".join(f"<tool_call>\n{o}\n</tool_call>" for o in objs)
+    else:
+        reply = "; ".join(objs)
+    content, calls, events = parse(dialect, reply, [c for c in cuts if c <= len(reply)])
+    assert content == ""
+    assert [(n, json.loads(a)) for n, a in calls] == [(f"fn{i}", a) for i, a in enumerate(args)]
+    check_deltas(events, calls)
+
+
+def test_detect_dialect() -> None:
+    smollm2 = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n'}}{% endfor %}"
+    assert detect_dialect(smollm2) is None
+    assert detect_dialect("{% if tools %}<tools>{{ tools | tojson }}</tools> use <tool_call>{% endif %}") is H
+    llama3 = '{%- if tools is not none %}{{ "<|python_tag|>" }}{"name": ..., "parameters": ...}{% endif %}'
+    assert detect_dialect(llama3) is L
+    assert detect_dialect("no tool support, only mentions toolsets") is None
+
+
+# ---- the grammar ----------------------------------------------------------------------------
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+CLOCK = {"type": "function", "function": {"name": "get_time"}}
+
+
+class _Bytes:
+    """A tokenizer whose tokens are the 256 bytes (and an end token): a matcher fed a text's
+    bytes checks the text itself against the grammar."""
+
+    eos_token_id = 256
+    bos_token_id = None
+    tokens = [bytes([i]) for i in range(256)] + [b"<end>"]
+    special_token_ids = [256]
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        return list(text if isinstance(text, bytes) else text.encode())
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Bytes()))
+
+
+def accepts(tokenizer: Any, grammar: str, text: str) -> bool:
+    m = llguidance.LLMatcher(tokenizer, llguidance_grammar("lark", grammar), log_level=0)
+    assert not m.is_error(), m.get_error()
+    return bool(m.consume_tokens(list(text.encode()))) and m.is_accepting() and not m.is_error()
+
+
+def test_grammars_are_valid() -> None:
+    for dialect in (H, L):
+        for parallel in (True, False):
+            assert grammar_error(llguidance_grammar("lark", call_grammar([WEATHER, CLOCK], dialect, parallel))) == ""
+    assert grammar_error(llguidance_grammar("lark", "start: %json {")) != ""
+
+
+def test_required_grammar_accepts_calls_and_rejects_the_rest(tokenizer: Any) -> None:
+    g = call_grammar([WEATHER, CLOCK], H)
+    assert accepts(tokenizer, g, WEATHER_CALL)
+    assert accepts(tokenizer, g, '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+    assert accepts(tokenizer, g, WEATHER_CALL + "\n" + WEATHER_CALL)  # parallel calls
+    assert not accepts(tokenizer, g, "Sure! " + WEATHER_CALL)  # no content instead
+    assert not accepts(tokenizer, g, '<tool_call>\n{"name": "other", "arguments": {}}\n</tool_call>')
+    assert not accepts(tokenizer, g, '<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>')
+    assert not accepts(tokenizer, g, '<tool_call>\n{"name": "get_weather", "arguments": {"city": 3}}\n</tool_call>')
+    assert not accepts(tokenizer, g, "The weather is nice.")
+    # JSON without free whitespace, as structured outputs write it
+    assert not accepts(tokenizer, g, '<tool_call>\n{"name": "get_time",\n "arguments": {}}\n</tool_call>')
+    # what the grammar accepts, the parser reads as the call
+    assert parse(H, WEATHER_CALL)[1] == [("get_weather", '{"city": "Paris"}')]
+
+
+def test_named_and_single_call_grammars(tokenizer: Any) -> None:
+    named = call_grammar([CLOCK], H, parallel=False)
+    assert accepts(tokenizer, named, '<tool_call>\n{"name": "get_time", "arguments": {"tz": 1}}\n</tool_call>')
+    assert not accepts(tokenizer, named, WEATHER_CALL)
+    one = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    assert not accepts(tokenizer, named, one + "\n" + one)
+
+
+def test_llama3_grammar(tokenizer: Any) -> None:
+    g = call_grammar([WEATHER], L)
+    text = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
+    assert accepts(tokenizer, g, text)
+    assert not accepts(tokenizer, g, '{"name": "get_weather", "arguments": {"city": "Paris"}}')
+    assert parse(L, text)[1] == [("get_weather", '{"city": "Paris"}')]
