@@ -8,6 +8,7 @@ scheduler steps and drains the queue between them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import queue
 import sys
@@ -41,7 +42,7 @@ SAMPLING_KEYS = KNOWN_KEYS - {
     "max_tokens", "logprobs", "logprobs_mode", "stop_ids", "grammar", "spec", "cache",
 }  # fmt: skip
 UNSUPPORTED_KEYS = ("grammar",)  # known to the protocol, not built into this engine yet
-SPEC_MODES = ("off", "ngram")  # "draft" (a second model) is not built yet
+SPEC_MODES = ("off", "ngram", "draft")  # "draft" needs --draft-model
 
 
 class Output:
@@ -71,7 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--n-gpu-layers", type=int, default=0)
     ap.add_argument("--flash-attn", choices=["on", "off", "auto"], default="auto")
     ap.add_argument("--backend", default="cpu")
-    ap.add_argument("--spec-k", type=int, default=4, help="most tokens an n-gram window proposes")
+    ap.add_argument("--spec-k", type=int, default=4, help="most tokens a speculative window proposes")
+    ap.add_argument("--draft-model", help="a GGUF sharing the model's vocabulary, for spec=draft")
+    ap.add_argument("--spec-threshold", type=float, default=0.1, help="the draft model's confidence gate")
     return ap.parse_args(argv)
 
 
@@ -89,23 +92,28 @@ def stdin_reader(q: queue.Queue[Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # Imported here so --help works without a native build on the path.
+    from strata_core.engine.drafter import DraftModel, check_shared_vocab
     from strata_core.engine.llama import Llama, ModelOptions
     from strata_core.engine.sampler import SamplingParams
     from strata_core.engine.scheduler import Request, Scheduler
 
     out = Output()
+    drafter = None
     try:
-        llama = Llama(
-            ModelOptions(
-                path=args.model,
-                n_ctx=args.n_ctx,
-                n_seq=args.parallel,
-                n_batch=args.n_batch,
-                threads=args.threads,
-                n_gpu_layers=args.n_gpu_layers,
-                flash_attn={"on": True, "off": False}.get(args.flash_attn),
-            )
+        opts = ModelOptions(
+            path=args.model,
+            n_ctx=args.n_ctx,
+            n_seq=args.parallel,
+            n_batch=args.n_batch,
+            threads=args.threads,
+            n_gpu_layers=args.n_gpu_layers,
+            flash_attn={"on": True, "off": False}.get(args.flash_attn),
         )
+        llama = Llama(opts)
+        if args.draft_model:
+            draft = Llama(dataclasses.replace(opts, path=args.draft_model))
+            check_shared_vocab(llama, draft, args.draft_model)
+            drafter = DraftModel(draft, args.spec_threshold)
     except Exception as exc:
         out.emit(proto.Error(None, f"engine failed to start: {exc}"))
         out.flush()
@@ -124,13 +132,13 @@ def main(argv: list[str] | None = None) -> int:
                 "pid": os.getpid(),
                 "slots": args.parallel,
                 "n_batch": llama.n_batch,
-                "capabilities": CAPABILITIES,
+                "capabilities": CAPABILITIES + (["spec_draft"] if drafter else []),
                 **facts,
             }
         )
     )
     out.flush()
-    sched = Scheduler(llama, out.emit)
+    sched = Scheduler(llama, out.emit, drafter)
     warned: set[str] = set()
 
     def start(cmd: proto.Gen) -> None:
@@ -164,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError("max_tokens must be >= 1 and logprobs 0..20")
             spec = cmd.keys.get("spec", "off")
             if spec not in SPEC_MODES:
-                raise ValueError(f"spec={spec!r} is not supported by this engine: expected off or ngram")
+                raise ValueError(f"spec={spec!r} is not supported by this engine: expected off, ngram or draft")
+            if spec == "draft" and drafter is None:
+                raise ValueError("spec=draft needs a draft model: start the engine with --draft-model PATH")
             mode = cmd.keys.get("logprobs_mode", "raw")
             if mode not in LOGPROBS_MODES:
                 raise ValueError(f"logprobs_mode={mode!r} is not valid: expected raw or processed")
@@ -173,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         sched.submit(
             Request(cmd.rid, prompt, params, max_tokens, stop_ids, logprobs,
                     logprobs_processed=mode == "processed",
-                    spec_k=args.spec_k if spec == "ngram" else 0)
+                    spec_k=args.spec_k if spec != "off" else 0, spec_draft=spec == "draft")
         )  # fmt: skip
 
     def handle(cmd: Any) -> bool:

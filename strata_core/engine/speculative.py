@@ -52,6 +52,16 @@ class WindowResult(NamedTuple):
     token: int  # the token emitted after them
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens a and b share."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x, y = np.asarray(a[:n]), np.asarray(b[:n])
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if len(diff) else n
+
+
 def ngram_draft(
     tokens: Sequence[int] | np.ndarray, k: int, n_max: int = 3, n_min: int = 1
 ) -> list[int]:
