@@ -16,15 +16,13 @@ them by exact match.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
-from strata_core.engine import philox
 from strata_core.engine.llama import Batch, Llama
-from strata_core.engine.sampler import SamplingParams, adjust, probabilities
-from strata_core.engine.speculative import NULL, STREAM_PROPOSE, common_prefix, propose
+from strata_core.engine.sampler import SamplingParams, adjust
+from strata_core.engine.speculative import NULL, Proposal, common_prefix, sampled_proposal
 
 
 class DraftJob(NamedTuple):
@@ -32,17 +30,6 @@ class DraftJob(NamedTuple):
     context: list[int]  # the target's tokens, up to the one it decodes this step
     k: int  # most proposals
     params: SamplingParams
-
-
-@dataclass
-class Proposal:
-    tokens: list[int] = field(default_factory=list)  # a sampled window may end with NULL
-    q_rows: list[np.ndarray] | None = None  # what each was drawn from; None: point masses
-
-    @property
-    def offered(self) -> list[int]:
-        """The tokens the target decodes and verifies (a final NULL offers none)."""
-        return self.tokens[:-1] if self.tokens and self.tokens[-1] == NULL else self.tokens
 
 
 def check_shared_vocab(target: Llama, draft: Llama, draft_path: str) -> None:
@@ -135,8 +122,7 @@ class DraftModel:
                 return None
             prop.tokens.append(best)
             return best
-        q = probabilities(row, params, history)
-        tok = propose(q, self.tau, philox.uniform(params.seed, len(history), STREAM_PROPOSE))
+        tok, q = sampled_proposal(row, params, history, self.tau)
         prop.tokens.append(tok)
         prop.q_rows.append(q)
         return tok

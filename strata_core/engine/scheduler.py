@@ -8,16 +8,15 @@ or cancelled slots free at once and keep their cache for the next request.
 
 from __future__ import annotations
 
-import functools
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from strata_core import protocol as proto
-from strata_core.engine.drafter import DraftJob, DraftModel, Proposal
+from strata_core.engine.drafter import DraftJob, DraftModel
 from strata_core.engine.llama import Batch, Llama
 from strata_core.engine.sampler import (
     SamplingParams,
@@ -26,12 +25,7 @@ from strata_core.engine.sampler import (
     sample,
     top_logprobs,
 )
-from strata_core.engine.speculative import (
-    common_prefix,
-    ngram_draft,
-    verify_window,
-    window_uniforms,
-)
+from strata_core.engine.speculative import Proposal, common_prefix, ngram_draft, verify_proposal
 
 Emit = Callable[[proto.Event], None]
 
@@ -232,8 +226,7 @@ class Scheduler:
             history = (base + offered[:j])[-last_n:] if last_n else ()
             return probabilities(self.llama.logits(idx + j), params, history)
 
-        uniforms = window_uniforms(params.seed, len(base), len(offered) + 1)
-        result = verify_window(_LazyRows(p_row, len(offered) + 1), prop.q_rows, prop.tokens, drafter.tau, uniforms)
+        result = verify_proposal(p_row, prop, drafter.tau, params.seed, len(base))
         kept = 0
         for tok in [*offered[: result.accepted], result.token]:
             if self._sample(slot, idx + kept, chosen=tok) is None or kept == result.accepted:
@@ -285,17 +278,3 @@ class Scheduler:
             return None
         return tok
 
-
-class _LazyRows(Sequence[np.ndarray]):
-    """A window's target rows, each computed when the verifier first reads it."""
-
-    def __init__(self, row: Callable[[int], np.ndarray], n: int) -> None:
-        self._row, self._n = functools.cache(row), n
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __getitem__(self, j: int) -> np.ndarray:  # type: ignore[override]  # no slices needed
-        if not 0 <= j < self._n:
-            raise IndexError(j)
-        return self._row(j)

@@ -35,13 +35,14 @@ class EngineProcess:
 
     def __init__(
         self, backend: Backend, build: EngineBuild, model: Path, parallel: int = 2,
-        draft_model: Path | None = None, spec_threshold: float = 0.1,
+        draft_model: Path | None = None, spec_threshold: float = 0.1, flash_attn: bool | None = None,
     ) -> None:  # fmt: skip
         d = backend.engine_defaults()
+        flash_attn = d.flash_attn if flash_attn is None else flash_attn
         cmd = engine_command(
             str(model), site=str(build.path), env=backend.engine_env(EngineConfig()), n_ctx=1024,
             parallel=parallel, n_batch=256, threads=load_config().engine.threads, n_gpu_layers=d.n_gpu_layers,
-            flash_attn=d.flash_attn, backend=backend.name,
+            flash_attn=flash_attn, backend=backend.name,
             draft_model=str(draft_model) if draft_model else None, spec_threshold=spec_threshold,
         )  # fmt: skip
         self.proc = subprocess.Popen(
