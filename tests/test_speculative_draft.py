@@ -124,7 +124,7 @@ def test_draft_mode_without_a_draft_model_refuses_to_serve(tmp_path: Path) -> No
 
 @pytest.fixture(scope="module")
 def engine(cpu_engine: EngineBuild, default_model: Path, draft_model: Path):  # type: ignore[no-untyped-def]
-    e = EngineProcess(CpuBackend(), cpu_engine, default_model, parallel=2, draft_model=draft_model, flash_attn=True)
+    e = EngineProcess(CpuBackend(), cpu_engine, default_model, parallel=2, draft_model=draft_model, flash_attn=True, spec_threshold=0.02)
     yield e
     e.close()
 
