@@ -134,8 +134,10 @@ def tokens(engine: EngineProcess, text: str) -> list[int]:
     return list(engine.expect(proto.Tokens).ids)
 
 
-def collect(engine: EngineProcess, gens: dict[str, tuple[list[int], dict[str, object]]]) -> dict[str, tuple[list[int], proto.Done]]:
-    """Send several GENs at once and collect each one's tokens and DONE."""
+def collect(
+    engine: EngineProcess, gens: dict[str, tuple[list[int], dict[str, object]]], lps: dict[str, list[proto.Logprob]] | None = None
+) -> dict[str, tuple[list[int], proto.Done]]:
+    """Send several GENs at once and collect each one's tokens (and LP lines) and DONE."""
     for rid, (prompt, keys) in gens.items():
         engine.send(proto.Gen(rid, {k: str(v) for k, v in keys.items()}, tuple(prompt)))
     toks: dict[str, list[int]] = {rid: [] for rid in gens}
@@ -145,20 +147,33 @@ def collect(engine: EngineProcess, gens: dict[str, tuple[list[int], dict[str, ob
         assert not isinstance(ev, proto.Error), ev
         if isinstance(ev, proto.Token) and ev.rid in toks:
             toks[ev.rid].append(ev.id)
+        elif isinstance(ev, proto.Logprob) and lps is not None and ev.rid in toks:
+            lps.setdefault(ev.rid, []).append(ev)
         elif isinstance(ev, proto.Done) and ev.rid in toks:
             done[ev.rid] = ev
     return {rid: (toks[rid], done[rid]) for rid in gens}
 
 
+PENALISED = {"penalty_repeat": 1.3, "penalty_last_n": 64}  # history must roll back on rejection
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("text", [COPY * 3, STORY], ids=["copy", "story"])
-def test_greedy_draft_output_equals_speculation_off(engine: EngineProcess, text: str) -> None:
+@pytest.mark.parametrize(
+    ("text", "keys"),
+    [(COPY * 3, {}), (STORY, {}), (STORY, {**PENALISED, "logprobs": 2, "logprobs_mode": "processed"})],
+    ids=["copy", "story", "story-penalised-logprobs"],
+)
+def test_greedy_draft_output_equals_speculation_off(engine: EngineProcess, text: str, keys: dict) -> None:  # type: ignore[type-arg]
     prompt = tokens(engine, text)
-    r = collect(engine, {"off": (prompt, {"max_tokens": 40}), "on": (prompt, {"max_tokens": 40, "spec": "draft"})})
+    lps: dict[str, list[proto.Logprob]] = {}
+    r = collect(engine, {"off": (prompt, {"max_tokens": 40, **keys}), "on": (prompt, {"max_tokens": 40, "spec": "draft", **keys})}, lps)
     (off, off_done), (on, on_done) = r["off"], r["on"]
     assert "drafted" not in off_done.stats
-    assert int(on_done.stats["drafted"]) > 0, on_done.stats  # windows ran
+    # windows ran, and some drafts were rejected: the cache and penalty history rolled back
+    assert 0 < int(on_done.stats["accepted"]) < int(on_done.stats["drafted"]), on_done.stats
     assert on == off
+    on_lp, off_lp = ([(e.logprob, e.top) for e in lps.get(rid, [])] for rid in ("on", "off"))
+    assert on_lp == off_lp and len(on_lp) == (len(on) if "logprobs" in keys else 0)
 
 
 @pytest.mark.slow
