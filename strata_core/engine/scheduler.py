@@ -183,7 +183,9 @@ class Scheduler:
                 out[slot.seq] = Proposal(ngram_draft(context, k))
         if jobs:
             assert self.drafter is not None
-            out.update(zip((j.seq for j in jobs), self.drafter.propose(jobs), strict=True))
+            props = zip(jobs, self.drafter.propose(jobs), strict=True)
+            # a slot whose draft is still catching up, or not confident, steps as usual
+            out.update((job.seq, prop) for job, prop in props if prop.tokens)
         return out
 
     def _draft_room(self, slot: Slot) -> int:

@@ -219,7 +219,6 @@ class Proposal:
         return self.tokens[:-1] if self.tokens and self.tokens[-1] == NULL else self.tokens
 
 
-
 def sampled_proposal(
     row: np.ndarray, params: SamplingParams, history: Sequence[int], tau: float
 ) -> tuple[int, np.ndarray]:
@@ -241,6 +240,8 @@ def verify_proposal(
 
 
 class _LazyRows(Sequence[np.ndarray]):
+    """A window's target rows, each computed when the verifier first reads it."""
+
     def __init__(self, row: Callable[[int], np.ndarray], n: int) -> None:
         self._row, self._n = row, n
 
