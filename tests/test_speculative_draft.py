@@ -106,6 +106,18 @@ def test_draft_mode_without_a_draft_model_is_refused(tmp_path: Path) -> None:
         load_config(None, env={"STRATA_SPECULATIVE_THRESHOLD": "1.5"})
 
 
+def test_draft_model_option_selects_draft_mode_and_reaches_the_engine() -> None:
+    from strata_core.cli import _config, build_parser
+    from strata_core.reader import engine_command
+
+    cfg = _config(build_parser().parse_args(["serve", "--draft-model", "small.gguf"]))
+    assert (cfg.speculative.mode, cfg.speculative.draft_model) == ("draft", "small.gguf")
+    common = dict(site="", env={}, n_ctx=64, parallel=1, n_batch=16, threads=None, n_gpu_layers=0, flash_attn=None, backend="cpu")
+    argv = engine_command("m.gguf", draft_model="small.gguf", spec_threshold=0.25, **common).argv  # type: ignore[arg-type]
+    assert argv[argv.index("--draft-model") + 1] == "small.gguf" and argv[argv.index("--spec-threshold") + 1] == "0.25"
+    assert "--draft-model" not in engine_command("m.gguf", **common).argv  # type: ignore[arg-type]
+
+
 def test_draft_mode_without_a_draft_model_refuses_to_serve(tmp_path: Path) -> None:
     import subprocess
     import sys
