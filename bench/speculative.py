@@ -1,10 +1,14 @@
-"""Speculation on against off, in one run, on the default model (greedy, streamed).
+"""Speculation on against off, in one run, on the default model (greedy unless
+--temperature is given).
 
-    python bench/speculative.py [--requests 4] [--max-tokens 128]
+    python bench/speculative.py [--requests 4] [--max-tokens 128] [--modes off ngram draft]
+        [--draft-model PATH | --draft-layers 28] [--threshold 0.1] [--temperature 0]
 
 Workloads: copy-heavy (repeat or lightly edit a given passage or code) and open-ended,
-at concurrency 1 and 4. Prints tokens/s for each mode, the on/off ratio, and the
-acceptance (accepted / drafted tokens) from the responses' usage.
+at concurrency 1 and 4. Prints tokens/s for each mode, each mode's ratio to off, and the
+acceptance (accepted / drafted tokens) from the responses' usage. Mode ``draft`` uses
+--draft-model, or else a copy of the model keeping its first --draft-layers blocks
+(self-speculation sharing the vocabulary).
 """
 
 from __future__ import annotations
@@ -47,19 +51,23 @@ WORKLOADS = {
 }
 
 
-def one(base: str, prompt: str, max_tokens: int) -> tuple[int, int, int]:
+def one(base: str, prompt: str, max_tokens: int, temperature: float = 0.0) -> tuple[int, int, int]:
     body = {"model": "default", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens}
+    if temperature:
+        body |= {"temperature": temperature, "seed": 1}
     u = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=600).json()["usage"]
     spec = u.get("speculative", {})
     return u["completion_tokens"], spec.get("drafted_tokens", 0), spec.get("accepted_tokens", 0)
 
 
-def load(base: str, prompts: list[str], concurrency: int, requests: int, max_tokens: int) -> dict[str, float]:
+def load(
+    base: str, prompts: list[str], concurrency: int, requests: int, max_tokens: int, temperature: float
+) -> dict[str, float]:
     jobs = [prompts[i % len(prompts)] for i in range(requests)]
     one(base, prompts[0], 4)  # warm-up
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
-        results = list(pool.map(lambda p: one(base, p, max_tokens), jobs))
+        results = list(pool.map(lambda p: one(base, p, max_tokens, temperature), jobs))
     wall = time.perf_counter() - t0
     tokens, drafted, accepted = (sum(col) for col in zip(*results, strict=True))
     return {"tok_s": tokens / wall, "tokens": tokens, "drafted": drafted, "accepted": accepted}
@@ -70,28 +78,47 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--model", default="default")
+    ap.add_argument("--modes", nargs="+", choices=["off", "ngram", "draft"], default=["off", "ngram", "draft"])
+    ap.add_argument("--draft-model", help="a GGUF sharing the model's vocabulary (mode draft)")
+    ap.add_argument("--draft-layers", type=int, default=28, help="blocks kept when no --draft-model is given")
+    ap.add_argument("--threshold", type=float, default=0.1, help="the draft model's confidence gate")
+    ap.add_argument("--k", type=int, default=4, help="most tokens one window proposes")
+    ap.add_argument("--temperature", type=float, default=0.0)
     a = ap.parse_args()
+    modes = ["off", *(m for m in a.modes if m != "off")]
     table: dict[tuple[str, str, int], dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in ("off", "ngram"):
+        draft = a.draft_model
+        if "draft" in modes and not draft:
+            from strata_core.models import resolve_model
+            from strata_core.testing.models import write_truncated
+
+            draft = str(Path(tmp) / "draft.gguf")
+            write_truncated(resolve_model(a.model).path, Path(draft), a.draft_layers)
+        for mode in modes:
             cfg = Path(tmp) / f"{mode}.toml"
-            cfg.write_text(f'[speculative]\nmode = "{mode}"\n')
+            text = f'[speculative]\nmode = "{mode}"\nk = {a.k}\n'
+            if mode == "draft":
+                text += f'draft_model = "{draft}"\nthreshold = {a.threshold}\n'
+            cfg.write_text(text)
             srv = Server(["--config", str(cfg), "--model", a.model, "--parallel", "4"], Path(tmp) / f"{mode}.log")
             try:
                 srv.wait_ready()
                 for name, prompts in WORKLOADS.items():
                     for c in (1, 4):
-                        r = load(srv.base, prompts, c, a.requests * c, a.max_tokens)
+                        r = load(srv.base, prompts, c, a.requests * c, a.max_tokens, a.temperature)
                         table[(mode, name, c)] = r
                         print(f"spec {mode:<5} {name:<10} c={c}: {r['tok_s']:7.1f} tok/s  "
                               f"({r['tokens']:.0f} tokens, accepted {r['accepted']:.0f}/{r['drafted']:.0f})", flush=True)  # fmt: skip
             finally:
                 srv.stop()
-    for name in WORKLOADS:
-        for c in (1, 4):
-            on, off = table[("ngram", name, c)], table[("off", name, c)]
-            acc = on["accepted"] / on["drafted"] if on["drafted"] else 0.0
-            print(f"{name:<10} c={c}: on/off tokens/s x{on['tok_s'] / off['tok_s']:.3f}, acceptance {acc:.2f}")
+    for mode in modes[1:]:
+        for name in WORKLOADS:
+            for c in (1, 4):
+                on, off = table[(mode, name, c)], table[("off", name, c)]
+                acc = on["accepted"] / on["drafted"] if on["drafted"] else 0.0
+                print(f"{mode:<5} {name:<10} c={c}: on/off tokens/s x{on['tok_s'] / off['tok_s']:.3f}, "
+                      f"acceptance {acc:.2f} ({on['accepted']:.0f}/{on['drafted']:.0f})")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -2,11 +2,14 @@
 speculative window equal those computed one token at a time?
 
     python bench/window_tvd.py [--model M] [--context 8 32 96 256] [--window 5]
+        [--flash-attn on|off|auto] [--pad N]
 
 For each context length, decodes a greedy continuation one token at a time on one
 sequence and as one window on another, and prints per window row the largest |Δ logit|,
 the total variation distance between the two softmax distributions, and whether the
-rows are bitwise equal.
+rows are bitwise equal. --pad N decodes each singleton step beside N tokens of a third
+sequence, to tell a batch-size effect (the pad changes the rows) from an attention one.
+Threads: engine.threads of the configuration (e.g. STRATA_ENGINE_THREADS=1).
 """
 
 from __future__ import annotations
@@ -33,9 +36,11 @@ def main() -> None:
     ap.add_argument("--context", type=int, nargs="+", default=[8, 32, 96, 256])
     ap.add_argument("--window", type=int, default=5)
     ap.add_argument("--flash-attn", choices=["on", "off", "auto"], default="auto")
+    ap.add_argument("--pad", type=int, default=0, help="other-sequence tokens beside each singleton step")
     a = ap.parse_args()
 
     from strata_core.build import ensure_engine
+    from strata_core.config import load_config
     from strata_core.models import resolve_model
     from strata_core.plugins import load_registry
 
@@ -45,14 +50,15 @@ def main() -> None:
 
     d = backend.engine_defaults()
     a.flash_attn = {"on": True, "off": False}.get(a.flash_attn)
-    m = Llama(ModelOptions(path=str(resolve_model(a.model).path), n_ctx=1024, n_seq=2, n_batch=512,
-                           n_gpu_layers=d.n_gpu_layers, flash_attn=a.flash_attn))  # fmt: skip
+    m = Llama(ModelOptions(path=str(resolve_model(a.model).path), n_ctx=1024, n_seq=3, n_batch=512,
+                           threads=load_config().engine.threads, n_gpu_layers=d.n_gpu_layers,
+                           flash_attn=a.flash_attn))  # fmt: skip
     b = Batch(512)
     rng = np.random.default_rng(0)
     worst = 0.0
     for n_ctx in a.context:
         prompt = [int(t) for t in rng.integers(100, 20000, size=n_ctx)]
-        for seq in (0, 1):
+        for seq in (0, 1, 2):
             m.seq_trim(seq, 0)
             b.clear()
             b.add(prompt[:-1], 0, seq, "none")
@@ -61,6 +67,9 @@ def main() -> None:
         for i in range(a.window):
             b.clear()
             b.add_one(toks[-1], n_ctx - 1 + i, 0)
+            if a.pad:
+                m.seq_trim(2, n_ctx - 1)
+                b.add(rng.integers(100, 20000, size=a.pad), n_ctx - 1, 2, "none")
             m.decode(b)
             rows.append(m.logits(0).copy())
             toks.append(int(np.argmax(rows[-1])))

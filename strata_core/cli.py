@@ -76,6 +76,10 @@ def _config(args: argparse.Namespace) -> Config:
             "n_ctx": getattr(args, "n_ctx", None),
         },
         "server": {"host": getattr(args, "host", None), "port": getattr(args, "port", None)},
+        "speculative": {
+            "draft_model": getattr(args, "draft_model", None),
+            "mode": "draft" if getattr(args, "draft_model", None) else None,
+        },
     }
     return load_config(getattr(args, "config", None), overrides=overrides)
 
@@ -145,6 +149,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cfg = _config(args)
     check_defaults(cfg.sampling)
     model = resolve_model(cfg.engine.model)
+    spec = cfg.speculative
+    draft = resolve_model(spec.draft_model) if spec.mode == "draft" and spec.draft_model else None
     backend, build = _engine_for(cfg)
     e = cfg.engine
     defaults = backend.engine_defaults()
@@ -159,7 +165,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         n_gpu_layers=e.n_gpu_layers if e.n_gpu_layers is not None else defaults.n_gpu_layers,
         flash_attn=e.flash_attn if e.flash_attn is not None else defaults.flash_attn,
         backend=backend.name,
-        spec_k=cfg.speculative.k,
+        spec_k=spec.k,
+        draft_model=str(draft.path) if draft else None,
+        spec_threshold=spec.threshold,
     )
     service = Service(cfg, model.id, EngineClient(command))
     service.backend_info = {
@@ -211,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int)
     p.add_argument("--parallel", type=int, help="parallel slots")
     p.add_argument("--n-ctx", type=int, help="context per slot")
+    p.add_argument("--draft-model", help='speculate with this draft GGUF (sets [speculative] mode = "draft")')
     p.add_argument("--log-level", default="warning")
     p.set_defaults(func=cmd_serve)
     return ap

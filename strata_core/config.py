@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -65,10 +65,25 @@ class SamplingConfig(_Section):
 
 
 class SpeculativeConfig(_Section):
-    """n-gram (prompt lookup) speculation; a draft model is not built yet."""
+    """Speculative decoding: n-gram (prompt lookup) drafts, or a draft model's."""
 
-    mode: Literal["off", "ngram"] = "off"
+    mode: Literal["off", "ngram", "draft"] = "off"
     k: int = Field(default=4, ge=1, le=32)  # most tokens one window proposes
+    #: mode "draft": a GGUF sharing the target's vocabulary (a path or an alias).
+    draft_model: str | None = None
+    #: mode "draft": the confidence gate tau; a proposal whose draft probability is
+    #: below it ends the window (reference/002). 0 offers every draw.
+    threshold: float = Field(default=0.1, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _draft_needs_a_model(self) -> SpeculativeConfig:
+        if self.mode == "draft" and not self.draft_model:
+            raise ValueError(
+                'mode = "draft" needs draft_model: set [speculative] draft_model to a GGUF '
+                "sharing the model's vocabulary (or STRATA_SPECULATIVE_DRAFT_MODEL, or "
+                "strata serve --draft-model PATH)"
+            )
+        return self
 
 
 class Config(_Section):

@@ -33,6 +33,20 @@ def default_model() -> Path:
     return default_model_path()
 
 
+#: Blocks a draft model keeps of the default model's 30: self-speculation sharing the
+#: vocabulary, with enough agreement that windows accept drafts and reject others.
+DRAFT_LAYERS = 28
+
+
+@pytest.fixture(scope="session")
+def draft_model(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from strata_core.testing.models import write_truncated
+
+    path = tmp_path_factory.mktemp("draft") / f"draft-{DRAFT_LAYERS}.gguf"
+    write_truncated(default_model, path, DRAFT_LAYERS)
+    return path
+
+
 @pytest.fixture(scope="session")
 def server(cpu_engine: EngineBuild, default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("server") / "server.log"

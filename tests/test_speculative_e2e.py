@@ -57,6 +57,24 @@ def test_speculation_preserves_the_output(engine: EngineProcess, copy_prompt: li
     assert on == off
 
 
+def test_seeded_speculation_preserves_the_output_where_windows_are_exact(
+    cpu_engine: EngineBuild, default_model: Path, copy_prompt: list[int]
+) -> None:
+    """With flash attention on and a context under 256 tokens the CPU build computes a
+    window's rows bitwise as one token at a time (bench/window_tvd.py), and there a seeded
+    n-gram run replays speculation off exactly."""
+    e = EngineProcess(CpuBackend(), cpu_engine, default_model, parallel=1, flash_attn=True)
+    try:
+        for seed in (2, 3):  # cool enough that drafts are kept, and rejected
+            keys = {"temperature": 0.4, "seed": seed}
+            off, _ = run(e, "off", copy_prompt, max_tokens=48, **keys)
+            on, on_stats = run(e, "on", copy_prompt, max_tokens=48, spec="ngram", **keys)
+            assert 0 < int(on_stats["accepted"]) < int(on_stats["drafted"]), on_stats
+            assert on == off
+    finally:
+        e.close()
+
+
 def test_copy_heavy_text_is_accepted(engine: EngineProcess, copy_prompt: list[int]) -> None:
     _, stats = run(engine, "acc", copy_prompt, max_tokens=48, spec="ngram")
     assert int(stats["accepted"]) >= int(stats["drafted"]) // 2, stats

@@ -8,10 +8,12 @@ scheduler steps and drains the queue between them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import queue
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from strata_core import protocol as proto
@@ -50,7 +52,7 @@ CAPABILITIES = [
 SAMPLING_KEYS = KNOWN_KEYS - {
     "max_tokens", "logprobs", "logprobs_mode", "stop_ids", "grammar", "spec", "cache",
 }  # fmt: skip
-SPEC_MODES = ("off", "ngram")  # "draft" (a second model) is not built yet
+SPEC_MODES = ("off", "ngram", "draft")  # "draft" needs --draft-model
 
 
 class Output:
@@ -61,13 +63,21 @@ class Output:
         self.lock = threading.Lock()
 
     def emit(self, ev: proto.Event) -> None:
+        """Queue an event for the next flush (main thread only)."""
         self.lines.append(proto.encode_event(ev) + "\n")
 
     def flush(self) -> None:
         if self.lines:
-            sys.stdout.write("".join(self.lines))
-            sys.stdout.flush()
+            with self.lock:
+                sys.stdout.write("".join(self.lines))
+                sys.stdout.flush()
             self.lines.clear()
+
+    def write_now(self, ev: proto.Event) -> None:
+        """Write one event at once, from any thread, between the main thread's flushes."""
+        with self.lock:
+            sys.stdout.write(proto.encode_event(ev) + "\n")
+            sys.stdout.flush()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -80,18 +90,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--n-gpu-layers", type=int, default=0)
     ap.add_argument("--flash-attn", choices=["on", "off", "auto"], default="auto")
     ap.add_argument("--backend", default="cpu")
-    ap.add_argument("--spec-k", type=int, default=4, help="most tokens an n-gram window proposes")
+    ap.add_argument("--spec-k", type=int, default=4, help="most tokens a speculative window proposes")
+    ap.add_argument("--draft-model", help="a GGUF sharing the model's vocabulary, for spec=draft")
+    ap.add_argument("--spec-threshold", type=float, default=0.1, help="the draft model's confidence gate")
     return ap.parse_args(argv)
 
 
-def stdin_reader(q: queue.Queue[Any]) -> None:
+def stdin_reader(q: queue.Queue[Any], answer_now: Callable[[Any], bool]) -> None:
+    """Parse stdin into ``q``; commands ``answer_now`` takes are answered on this thread."""
     for line in sys.stdin:
         if not line.strip():
             continue
         try:
-            q.put(proto.parse_command(line))
+            cmd = proto.parse_command(line)
         except proto.ProtocolError as exc:
             q.put(exc)
+            continue
+        if not answer_now(cmd):
+            q.put(cmd)
     q.put(proto.Quit())
 
 
@@ -101,23 +117,29 @@ def main(argv: list[str] | None = None) -> int:
     # llama.py first: libllama's native libraries must load before numpy's. The other
     # order made model loading segfault with CUDA 13 and numpy 2.5 on an H200.
     from strata_core.engine.llama import Llama, ModelOptions  # isort: skip
+    from strata_core.engine.drafter import DraftModel, check_shared_vocab
     from strata_core.engine.grammar import Grammars
     from strata_core.engine.sampler import SamplingParams
     from strata_core.engine.scheduler import Request, Scheduler
 
     out = Output()
+    drafter = None
     try:
-        llama = Llama(
-            ModelOptions(
-                path=args.model,
-                n_ctx=args.n_ctx,
-                n_seq=args.parallel,
-                n_batch=args.n_batch,
-                threads=args.threads,
-                n_gpu_layers=args.n_gpu_layers,
-                flash_attn={"on": True, "off": False}.get(args.flash_attn),
-            )
+        opts = ModelOptions(
+            path=args.model,
+            n_ctx=args.n_ctx,
+            n_seq=args.parallel,
+            n_batch=args.n_batch,
+            threads=args.threads,
+            n_gpu_layers=args.n_gpu_layers,
+            flash_attn={"on": True, "off": False}.get(args.flash_attn),
         )
+        llama = Llama(opts)
+        if args.draft_model:
+            draft = Llama(dataclasses.replace(opts, path=args.draft_model))
+            check_shared_vocab(llama, draft, args.draft_model)
+            draft.warm_up()
+            drafter = DraftModel(draft, args.spec_threshold)
         llama.warm_up()
     except Exception as exc:
         out.emit(proto.Error(None, f"engine failed to start: {exc}"))
@@ -137,13 +159,13 @@ def main(argv: list[str] | None = None) -> int:
                 "pid": os.getpid(),
                 "slots": args.parallel,
                 "n_batch": llama.n_batch,
-                "capabilities": CAPABILITIES,
+                "capabilities": CAPABILITIES + (["spec_draft"] if drafter else []),
                 **facts,
             }
         )
     )
     out.flush()
-    sched = Scheduler(llama, out.emit)
+    sched = Scheduler(llama, out.emit, drafter)
     grammars = Grammars(lambda: llama.grammar_tokenizer(sorted(eog)), llama.n_vocab)
     warned: set[str] = set()
 
@@ -176,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError("max_tokens must be >= 1 and logprobs 0..20")
             spec = cmd.keys.get("spec", "off")
             if spec not in SPEC_MODES:
-                raise ValueError(f"spec={spec!r} is not supported by this engine: expected off or ngram")
+                raise ValueError(f"spec={spec!r} is not supported by this engine: expected off, ngram or draft")
+            if spec == "draft" and drafter is None:
+                raise ValueError("spec=draft needs a draft model: start the engine with --draft-model PATH")
             mode = cmd.keys.get("logprobs_mode", "raw")
             if mode not in LOGPROBS_MODES:
                 raise ValueError(f"logprobs_mode={mode!r} is not valid: expected raw or processed")
@@ -186,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         sched.submit(
             Request(cmd.rid, prompt, params, max_tokens, stop_ids, logprobs,
                     logprobs_processed=mode == "processed", grammar=grammar,
-                    spec_k=args.spec_k if spec == "ngram" else 0)
+                    spec_k=args.spec_k if spec != "off" else 0, spec_draft=spec == "draft")
         )  # fmt: skip
 
     def handle(cmd: Any) -> bool:
@@ -197,9 +221,6 @@ def main(argv: list[str] | None = None) -> int:
             start(cmd)
         elif isinstance(cmd, proto.Cancel):
             sched.cancel(cmd.rid)
-        elif isinstance(cmd, proto.Tokenize):
-            ids = llama.tokenize(cmd.text.encode("utf-8"), False, cmd.special)
-            out.emit(proto.Tokens(cmd.rid, tuple(ids)))
         elif isinstance(cmd, proto.VocabRequest):
             pieces = tuple(llama.piece(t) for t in range(llama.n_vocab))
             out.emit(proto.Vocab(cmd.rid, pieces))
@@ -208,7 +229,17 @@ def main(argv: list[str] | None = None) -> int:
         return True
 
     q: queue.Queue[Any] = queue.Queue()
-    threading.Thread(target=stdin_reader, args=(q,), daemon=True).start()
+    def answer_now(cmd: Any) -> bool:
+        """TOKENIZE is answered by the reader thread at once, even while a step decodes:
+        it reads only the vocabulary, and a new request's prompt must not wait behind the
+        prefill of the one before it."""
+        if not isinstance(cmd, proto.Tokenize):
+            return False
+        ids = llama.tokenize(cmd.text.encode("utf-8"), False, cmd.special)
+        out.write_now(proto.Tokens(cmd.rid, tuple(ids)))
+        return True
+
+    threading.Thread(target=stdin_reader, args=(q, answer_now), daemon=True).start()
     running = True
     while running or sched.busy:
         try:

@@ -277,6 +277,28 @@ def truncate(x: np.ndarray, params: SamplingParams) -> Candidates:
     return apply_top_p(apply_min_p(candidates(x, params.top_k), params.min_p), params.top_p)
 
 
+def probabilities(
+    logits: np.ndarray,
+    params: SamplingParams,
+    history: Sequence[int] | np.ndarray,
+    mask: np.ndarray | None = None,
+) -> npt.NDArray[np.float64]:
+    """The distribution ``sample`` draws from, over the whole vocabulary (float64): the
+    survivors of the chain weighted at the temperature; a point mass when greedy."""
+    x = adjust(logits, params, history, mask)
+    best = int(np.argmax(x))
+    if not x[best] > -np.inf:
+        raise ValueError("no token is permitted: allowed / grammar mask / bias excluded all")
+    p = np.zeros(x.size, np.float64)
+    if params.greedy:
+        p[best] = 1.0
+        return p
+    c = truncate(x, params)
+    w = _weights(c, params.temperature)
+    p[c.ids] = w / _mass(c, w)
+    return p
+
+
 def top_logprobs(
     logits: np.ndarray, k: int, allowed: Sequence[int] | np.ndarray | None = None
 ) -> tuple[np.ndarray, list[tuple[int, float]]]:

@@ -16,10 +16,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from strata_core import protocol as proto
+from strata_core.engine.drafter import DraftJob, DraftModel
 from strata_core.engine.grammar import Constraint
 from strata_core.engine.llama import Batch, Llama
-from strata_core.engine.sampler import SamplingParams, processed_logprobs, sample, top_logprobs
-from strata_core.engine.speculative import ngram_draft
+from strata_core.engine.sampler import (
+    SamplingParams,
+    probabilities,
+    processed_logprobs,
+    sample,
+    top_logprobs,
+)
+from strata_core.engine.speculative import Proposal, common_prefix, ngram_draft, verify_proposal
 
 Emit = Callable[[proto.Event], None]
 
@@ -35,7 +42,8 @@ class Request:
     logprobs_processed: bool = False  # report the sampled-from distribution, not the raw one
     generated: int = 0
     cached: int = 0
-    spec_k: int = 0  # most tokens an n-gram window may propose; 0 = no speculation
+    spec_k: int = 0  # most tokens a window may propose; 0 = no speculation
+    spec_draft: bool = False  # windows come from the draft model, not n-gram lookup
     grammar: Constraint | None = None  # constrained decoding: the mask before each sample
     drafted: int = 0
     accepted: int = 0
@@ -54,15 +62,6 @@ class Slot:
     spec_misses: int = 0  # windows in a row that accepted nothing
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    x, y = np.asarray(a[:n]), np.asarray(b[:n])
-    diff = np.flatnonzero(x != y)
-    return int(diff[0]) if len(diff) else n
-
-
 #: Speculation only while at most this many slots decode: beyond it the batch already
 #: keeps the device busy and windows would cost more than they save.
 SPEC_MAX_SLOTS = 2
@@ -70,9 +69,10 @@ SPEC_MAX_WAIT = 32
 
 
 class Scheduler:
-    def __init__(self, llama: Llama, emit: Emit) -> None:
+    def __init__(self, llama: Llama, emit: Emit, drafter: DraftModel | None = None) -> None:
         self.llama = llama
         self.emit = emit
+        self.drafter = drafter
         self.slots = [Slot(i) for i in range(llama.n_seq)]
         self.waiting: deque[Request] = deque()
         self.batch = Batch(max(llama.n_batch, llama.n_seq))
@@ -147,9 +147,8 @@ class Scheduler:
         self._admit()
         batch = self.batch
         decoding = [s for s in self.slots if s.req is not None and s.last is not None and not s.pending]
-        speculate = len(decoding) <= SPEC_MAX_SLOTS
-        drafts = [self._draft(slot) if speculate else [] for slot in decoding]
-        budget = batch.capacity - sum(1 + len(d) for d in drafts)
+        drafts = self._drafts(decoding) if len(decoding) <= SPEC_MAX_SLOTS else {}
+        budget = batch.capacity - sum(1 + len(drafts[s.seq].offered) if s.seq in drafts else 1 for s in decoding)
         batch.clear()
         for slot in self.slots:
             if slot.req is None or not slot.pending or budget <= 0:
@@ -161,44 +160,64 @@ class Scheduler:
             del slot.pending[: len(chunk)]
             if not slot.pending:  # prefilled: its last prompt token decodes below
                 decoding.append(slot)
-                drafts.append([])
         if batch.n:
             self.llama.decode(batch)
         if not decoding:
             return
         batch.clear()
-        windows: list[tuple[Slot, int, list[int]]] = []
-        for slot, draft in zip(decoding, drafts, strict=True):
+        windows: list[tuple[Slot, int, Proposal]] = []
+        for slot in decoding:
             assert slot.last is not None
-            pos = len(slot.cached)
-            if draft:
-                windows.append((slot, batch.add([slot.last, *draft], pos, slot.seq, "all"), draft))
-            else:
-                windows.append((slot, batch.add_one(slot.last, pos, slot.seq), []))
+            prop = drafts.get(slot.seq, Proposal())
+            idx = batch.add([slot.last, *prop.offered], len(slot.cached), slot.seq, "all")
+            windows.append((slot, idx, prop))
         self.llama.decode(batch)
-        for slot, idx, draft in windows:
+        for slot, idx, prop in windows:
             assert slot.last is not None
             slot.cached.append(slot.last)
-            self._verify(slot, idx, draft)
+            if prop.q_rows is None:
+                self._verify(slot, idx, prop.tokens)
+            else:
+                self._verify_gated(slot, idx, prop)
 
     # ---- speculation -------------------------------------------------------------------
 
-    def _draft(self, slot: Slot) -> list[int]:
+    def _drafts(self, decoding: list[Slot]) -> dict[int, Proposal]:
+        """This step's proposals by sequence; the draft model drafts for all its slots at once."""
+        out: dict[int, Proposal] = {}
+        jobs: list[DraftJob] = []
+        for slot in decoding:
+            req, k = slot.req, self._draft_room(slot)
+            assert req is not None and slot.last is not None
+            if not k:
+                continue
+            context = [*slot.cached, slot.last]
+            if req.spec_draft and self.drafter is not None and req.grammar is None:
+                jobs.append(DraftJob(slot.seq, context, k, req.params))
+                continue
+            tokens = ngram_draft(context, k)
+            if req.grammar is not None:  # a token the grammar forbids can never be kept
+                tokens = tokens[: req.grammar.valid_prefix(tokens)]
+            out[slot.seq] = Proposal(tokens)
+        if jobs:
+            assert self.drafter is not None
+            props = zip(jobs, self.drafter.propose(jobs), strict=True)
+            # a slot whose draft is still catching up, or not confident, steps as usual
+            out.update((job.seq, prop) for job, prop in props if prop.tokens)
+        return out
+
+    def _draft_room(self, slot: Slot) -> int:
+        """How many tokens the slot may draft this step (0 while backing off)."""
         req = slot.req
-        assert req is not None and slot.last is not None
+        assert req is not None
         if not req.spec_k:
-            return []
+            return 0
         if slot.spec_wait:
             slot.spec_wait -= 1
-            return []
+            return 0
         # Room for the window and its bonus token, in the context and in max_tokens.
         room = min(self.llama.n_ctx - len(slot.cached) - 2, req.max_tokens - req.generated - 1)
-        if room <= 0:
-            return []
-        draft = ngram_draft([*slot.cached, slot.last], min(req.spec_k, room))
-        if req.grammar is not None:  # a token the grammar forbids can never be kept
-            draft = draft[: req.grammar.valid_prefix(draft)]
-        return draft
+        return max(0, min(req.spec_k, room))
 
     def _verify(self, slot: Slot, idx: int, draft: list[int]) -> None:
         """Sample each row of the window as an ordinary step would (same position, same
@@ -213,14 +232,40 @@ class Scheduler:
             slot.cached.append(tok)  # its KV is already in the cache
             kept += 1
         if draft:
-            req.drafted += len(draft)
-            req.accepted += kept
-            self.llama.seq_trim(slot.seq, len(slot.cached))
-            slot.spec_misses = 0 if kept else slot.spec_misses + 1
-            slot.spec_wait = min(2**slot.spec_misses - 1, SPEC_MAX_WAIT) if not kept else 0
+            self._account(slot, req, len(draft), kept)
 
-    def _sample(self, slot: Slot, idx: int) -> int | None:
-        """Sample the row at ``idx`` for ``slot``; the token, or None when it ended the request."""
+    def _verify_gated(self, slot: Slot, idx: int, prop: Proposal) -> None:
+        """Verify a draft-model window (reference/002) and emit what it keeps: its accepted
+        drafts, then the residual or bonus sample."""
+        req, drafter = slot.req, self.drafter
+        assert req is not None and drafter is not None and prop.q_rows is not None
+        offered, params = prop.offered, req.params
+        base, last_n = list(slot.cached), params.penalty_last_n
+
+        def p_row(j: int) -> np.ndarray:  # the target's row j, after the drafts before it
+            history = (base + offered[:j])[-last_n:] if last_n else ()
+            return probabilities(self.llama.logits(idx + j), params, history)
+
+        result = verify_proposal(p_row, prop, drafter.tau, params.seed, len(base))
+        kept = 0
+        for tok in [*offered[: result.accepted], result.token]:
+            if self._sample(slot, idx + kept, chosen=tok) is None or kept == result.accepted:
+                break
+            slot.cached.append(tok)  # its KV is already in the cache
+            kept += 1
+        self._account(slot, req, len(offered), kept)
+
+    def _account(self, slot: Slot, req: Request, drafted: int, kept: int) -> None:
+        """Count a window, trim the cache to what was kept, and back off after misses."""
+        req.drafted += drafted
+        req.accepted += kept
+        self.llama.seq_trim(slot.seq, len(slot.cached))
+        slot.spec_misses = 0 if kept else slot.spec_misses + 1
+        slot.spec_wait = min(2**slot.spec_misses - 1, SPEC_MAX_WAIT) if not kept else 0
+
+    def _sample(self, slot: Slot, idx: int, chosen: int | None = None) -> int | None:
+        """Sample the row at ``idx`` for ``slot`` (or take ``chosen``, which a verifier drew
+        from it); the token, or None when it ended the request."""
         req = slot.req
         assert req is not None
         row = self.llama.logits(idx)
@@ -235,7 +280,9 @@ class Scheduler:
                 self._fail(slot, f"grammar failed: {req.grammar.error}")
                 return None
         try:
-            if params.plain and mask is None:
+            if chosen is not None:  # drawn by the gated verifier (never under a grammar)
+                tok = chosen
+            elif params.plain and mask is None:
                 tok = int(np.argmax(row))
             else:
                 tok = sample(row, params, history, position, mask=mask)
@@ -266,3 +313,4 @@ class Scheduler:
             self._finish(slot, "length")
             return None
         return tok
+

@@ -26,13 +26,16 @@ discarded rows.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from strata_core.engine import philox
+from strata_core.engine.sampler import SamplingParams, probabilities
 
 NULL: Final = -1  # a proposal the gate refused: no token offered at that row
 
@@ -50,6 +53,16 @@ class WindowUniforms(NamedTuple):
 class WindowResult(NamedTuple):
     accepted: int  # drafted tokens kept
     token: int  # the token emitted after them
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens a and b share."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x, y = np.asarray(a[:n]), np.asarray(b[:n])
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if len(diff) else n
 
 
 def ngram_draft(
@@ -190,3 +203,52 @@ def window_uniforms(seed: int, position: int, rows: int) -> WindowUniforms:
         [philox.uniform(seed, pos, STREAM_ACCEPT) for pos in rng],
         [philox.uniform(seed, pos, STREAM_EMIT) for pos in rng],
     )
+
+
+# ---- a draft model's proposals: what the drafter and the scheduler call
+
+
+@dataclass
+class Proposal:
+    tokens: list[int] = field(default_factory=list)  # a sampled window may end with NULL
+    q_rows: list[np.ndarray] | None = None  # what each was drawn from; None: point masses
+
+    @property
+    def offered(self) -> list[int]:
+        """The tokens the target decodes and verifies (a final NULL offers none)."""
+        return self.tokens[:-1] if self.tokens and self.tokens[-1] == NULL else self.tokens
+
+
+def sampled_proposal(
+    row: np.ndarray, params: SamplingParams, history: Sequence[int], tau: float
+) -> tuple[int, np.ndarray]:
+    """A gated proposal (or NULL) for the position after ``history`` (the whole context)
+    from the draft's logits ``row``, and q, the distribution it was drawn from."""
+    q = probabilities(row, params, history)
+    return propose(q, tau, philox.uniform(params.seed, len(history), STREAM_PROPOSE)), q
+
+
+def verify_proposal(
+    p_row: Callable[[int], np.ndarray], prop: Proposal, tau: float, seed: int, position: int
+) -> WindowResult:
+    """Verify a sampled proposal whose row 0 samples ``position``; p_row(j) is the target's
+    distribution at row j, computed only for the rows the verifier reaches."""
+    assert prop.q_rows is not None
+    rows = len(prop.offered) + 1
+    p_rows = _LazyRows(functools.cache(p_row), rows)
+    return verify_window(p_rows, prop.q_rows, prop.tokens, tau, window_uniforms(seed, position, rows))
+
+
+class _LazyRows(Sequence[np.ndarray]):
+    """A window's target rows, each computed when the verifier first reads it."""
+
+    def __init__(self, row: Callable[[int], np.ndarray], n: int) -> None:
+        self._row, self._n = row, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, j: int) -> np.ndarray:  # type: ignore[override]  # no slices needed
+        if not 0 <= j < self._n:
+            raise IndexError(j)
+        return self._row(j)

@@ -18,7 +18,7 @@ import httpx
 from strata_core import protocol as proto
 from strata_core.backend import Backend
 from strata_core.build import EngineBuild
-from strata_core.config import EngineConfig
+from strata_core.config import EngineConfig, load_config
 from strata_core.reader import engine_command
 
 E = TypeVar("E", bound=proto.Event)
@@ -33,12 +33,17 @@ def free_port() -> int:
 class EngineProcess:
     """An engine process driven directly over the protocol, for protocol-level checks."""
 
-    def __init__(self, backend: Backend, build: EngineBuild, model: Path, parallel: int = 2) -> None:
+    def __init__(
+        self, backend: Backend, build: EngineBuild, model: Path, parallel: int = 2,
+        draft_model: Path | None = None, spec_threshold: float = 0.1, flash_attn: bool | None = None,
+    ) -> None:  # fmt: skip
         d = backend.engine_defaults()
+        flash_attn = d.flash_attn if flash_attn is None else flash_attn
         cmd = engine_command(
             str(model), site=str(build.path), env=backend.engine_env(EngineConfig()), n_ctx=1024,
-            parallel=parallel, n_batch=256, threads=None, n_gpu_layers=d.n_gpu_layers,
-            flash_attn=d.flash_attn, backend=backend.name,
+            parallel=parallel, n_batch=256, threads=load_config().engine.threads, n_gpu_layers=d.n_gpu_layers,
+            flash_attn=flash_attn, backend=backend.name,
+            draft_model=str(draft_model) if draft_model else None, spec_threshold=spec_threshold,
         )  # fmt: skip
         self.proc = subprocess.Popen(
             list(cmd.argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

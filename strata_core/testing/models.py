@@ -37,14 +37,21 @@ SHAPES = {
 }
 
 
-def _copy_fields(reader: gguf.GGUFReader, writer: gguf.GGUFWriter, keep: Iterable[str]) -> None:
+def _copy_fields(
+    reader: gguf.GGUFReader, writer: gguf.GGUFWriter, keep: Iterable[str], extra_tokens: int = 0
+) -> None:
     prefixes = tuple(keep)
     for key, field in reader.fields.items():
         if not key.startswith(prefixes) or not field.types:
             continue
         vtype = field.types[0]
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(key, field.contents(), vtype, sub_type=sub)
+        value = field.contents()
+        if extra_tokens and key == "tokenizer.ggml.tokens":
+            value = [*value, *(f"<|strata_extra_{i}|>" for i in range(extra_tokens))]
+        elif extra_tokens and key == "tokenizer.ggml.token_type":
+            value = [*value, *[int(gguf.TokenType.USER_DEFINED)] * extra_tokens]
+        writer.add_key_value(key, value, vtype, sub_type=sub)
 
 
 def _arch_fields(reader: gguf.GGUFReader) -> str:
@@ -53,11 +60,12 @@ def _arch_fields(reader: gguf.GGUFReader) -> str:
     return arch
 
 
-def write_tokenizer(src: Path, dst: Path) -> None:
-    """A vocabulary-only GGUF: the tokenizer and chat template of ``src``, no tensors."""
+def write_tokenizer(src: Path, dst: Path, extra_tokens: int = 0) -> None:
+    """A vocabulary-only GGUF: the tokenizer and chat template of ``src``, no tensors;
+    ``extra_tokens`` appends that many user-defined tokens (a different vocabulary)."""
     reader = gguf.GGUFReader(src)
     writer = gguf.GGUFWriter(dst, _arch_fields(reader))
-    _copy_fields(reader, writer, ["tokenizer."])
+    _copy_fields(reader, writer, ["tokenizer."], extra_tokens)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
