@@ -62,6 +62,10 @@ class SamplingConfig(_Section):
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
     penalty_last_n: int | None = Field(default=None, ge=0)
     max_tokens: int | None = Field(default=None, ge=1)
+    #: A request that names a seed is decoded in a batch of its own (no speculative
+    #: windows), so it replays token for token whatever runs beside it, on backends whose
+    #: kernels depend on the batch's shape. Costs one extra decode per step per such request.
+    exact_seed_replay: bool = True
 
 
 class SpeculativeConfig(_Section):

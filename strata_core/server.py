@@ -374,7 +374,9 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
     def keys_for(req: BaseRequest, max_new: int, seed: int) -> dict[str, str]:
         keys = sampling_keys(req, cfg.sampling, seed=seed)
         keys["max_tokens"] = str(max_new)
-        if cfg.speculative.mode != "off" and req.speculative is not False:
+        if req.seed is not None and cfg.sampling.exact_seed_replay:
+            keys["isolate"] = "1"
+        elif cfg.speculative.mode != "off" and req.speculative is not False:
             keys["spec"] = cfg.speculative.mode
         return keys
 

@@ -182,7 +182,10 @@ def test_greedy_draft_output_equals_speculation_off(engine: EngineProcess, text:
     (off, off_done), (on, on_done) = r["off"], r["on"]
     assert "drafted" not in off_done.stats
     # windows ran, and some drafts were rejected: the cache and penalty history rolled back
-    assert 0 < int(on_done.stats["accepted"]) < int(on_done.stats["drafted"]), on_done.stats
+    drafted, accepted = int(on_done.stats["drafted"]), int(on_done.stats["accepted"])
+    assert accepted < drafted, on_done.stats
+    if not keys:  # the penalties can make the draft miss every time (and back off)
+        assert accepted > 0, on_done.stats
     assert on == off
     on_lp, off_lp = ([(e.logprob, e.top) for e in lps.get(rid, [])] for rid in ("on", "off"))
     assert on_lp == off_lp and len(on_lp) == (len(on) if "logprobs" in keys else 0)

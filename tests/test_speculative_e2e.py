@@ -104,5 +104,12 @@ def test_server_reports_speculation_and_honours_the_switch(cpu_engine: EngineBui
         assert on["choices"][0]["message"]["content"] == off["choices"][0]["message"]["content"]
         metrics = httpx.get(f"{srv.base}/metrics").text
         assert "strata_spec_drafted_tokens_total 0.0" not in metrics
+        # A request naming a seed decodes alone and without windows ([sampling]
+        # exact_seed_replay), so it replays exactly whatever runs beside it.
+        seeded = {**body, "seed": 5, "temperature": 0.7}
+        first = httpx.post(f"{srv.base}/v1/chat/completions", json=seeded, timeout=300).json()
+        again = httpx.post(f"{srv.base}/v1/chat/completions", json=seeded, timeout=300).json()
+        assert "speculative" not in first["usage"]
+        assert first["choices"][0]["message"]["content"] == again["choices"][0]["message"]["content"]
     finally:
         srv.stop()

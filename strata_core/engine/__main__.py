@@ -22,7 +22,7 @@ KNOWN_KEYS = frozenset(
     {
         "max_tokens", "temperature", "top_p", "top_k", "min_p", "penalty_repeat", "penalty_freq",
         "penalty_present", "penalty_last_n", "seed", "logprobs", "logprobs_mode", "allowed",
-        "bias", "stop_ids", "grammar", "spec", "cache",
+        "bias", "stop_ids", "grammar", "spec", "cache", "isolate",
     }
 )  # fmt: skip
 """The GEN keys this engine reads (DESIGN.md, "Engine protocol"); any other is warned about.
@@ -50,7 +50,7 @@ CAPABILITIES = [
     "logprobs", "logprobs_mode", "allowed", "bias", "penalties", "seed", "prefix_cache", "grammar",
 ]  # fmt: skip
 SAMPLING_KEYS = KNOWN_KEYS - {
-    "max_tokens", "logprobs", "logprobs_mode", "stop_ids", "grammar", "spec", "cache",
+    "max_tokens", "logprobs", "logprobs_mode", "stop_ids", "grammar", "spec", "cache", "isolate",
 }  # fmt: skip
 SPEC_MODES = ("off", "ngram", "draft")  # "draft" needs --draft-model
 
@@ -210,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         sched.submit(
             Request(cmd.rid, prompt, params, max_tokens, stop_ids, logprobs,
                     logprobs_processed=mode == "processed", grammar=grammar,
-                    spec_k=args.spec_k if spec != "off" else 0, spec_draft=spec == "draft")
+                    spec_k=args.spec_k if spec != "off" else 0, spec_draft=spec == "draft",
+                    isolate=cmd.keys.get("isolate") == "1")
         )  # fmt: skip
 
     def handle(cmd: Any) -> bool:

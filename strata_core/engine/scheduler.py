@@ -44,6 +44,9 @@ class Request:
     cached: int = 0
     spec_k: int = 0  # most tokens a window may propose; 0 = no speculation
     spec_draft: bool = False  # windows come from the draft model, not n-gram lookup
+    #: decoded in a batch of its own and without windows, so its numerics never depend on
+    #: what else runs (exact seeded replay on backends whose kernels follow batch shape)
+    isolate: bool = False
     grammar: Constraint | None = None  # constrained decoding: the mask before each sample
     drafted: int = 0
     accepted: int = 0
@@ -162,11 +165,19 @@ class Scheduler:
                 decoding.append(slot)
         if batch.n:
             self.llama.decode(batch)
-        if not decoding:
-            return
+        shared = [s for s in decoding if s.req is not None and not s.req.isolate]
+        groups = [shared] if shared else []
+        groups += [[s] for s in decoding if s.req is not None and s.req.isolate]
+        for group in groups:
+            self._decode_rows(group, drafts)
+
+    def _decode_rows(self, group: list[Slot], drafts: dict[int, Proposal]) -> None:
+        """One ``llama_decode`` of the group's last tokens (with their windows), then
+        sample them: logits only live until the next decode."""
+        batch = self.batch
         batch.clear()
         windows: list[tuple[Slot, int, Proposal]] = []
-        for slot in decoding:
+        for slot in group:
             assert slot.last is not None
             prop = drafts.get(slot.seq, Proposal())
             idx = batch.add([slot.last, *prop.offered], len(slot.cached), slot.seq, "all")
@@ -210,7 +221,7 @@ class Scheduler:
         """How many tokens the slot may draft this step (0 while backing off)."""
         req = slot.req
         assert req is not None
-        if not req.spec_k:
+        if not req.spec_k or req.isolate:
             return 0
         if slot.spec_wait:
             slot.spec_wait -= 1
