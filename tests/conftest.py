@@ -50,12 +50,8 @@ def draft_model(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -
 @pytest.fixture(scope="session")
 def server(cpu_engine: EngineBuild, default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("server") / "server.log"
-    srv = Server(["--backend", "cpu", "--parallel", "4", "--n-ctx", "1024"], log)
-    try:
-        srv.wait_ready()
+    with Server(["--backend", "cpu", "--parallel", "4", "--n-ctx", "1024"], log) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture()

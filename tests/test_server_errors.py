@@ -84,10 +84,8 @@ def test_api_key_is_required_on_v1_routes(cpu_engine, tmp_path) -> None:  # type
 
     from strata_core.testing.harness import Server
 
-    srv = Server(["--backend", "cpu", "--parallel", "1", "--n-ctx", "512"], tmp_path / "server.log",
-                 env={"STRATA_SERVER_API_KEY": "sekret"})  # fmt: skip
-    try:
-        srv.wait_ready()
+    with Server(["--backend", "cpu", "--parallel", "1", "--n-ctx", "512"], tmp_path / "server.log",
+                 env={"STRATA_SERVER_API_KEY": "sekret"}) as srv:  # fmt: skip
         assert httpx.get(f"{srv.base}/health").status_code == 200  # probes need no key
         for headers in ({}, {"authorization": "Bearer wrong"}):
             r = httpx.post(f"{srv.base}/v1/completions", json={"prompt": "x", "max_tokens": 1}, headers=headers)
@@ -96,5 +94,3 @@ def test_api_key_is_required_on_v1_routes(cpu_engine, tmp_path) -> None:  # type
         client = openai.OpenAI(base_url=f"{srv.base}/v1", api_key="sekret", max_retries=0, timeout=60)
         out = client.completions.create(model="default", prompt="The sky is", max_tokens=2)
         assert out.usage is not None and out.usage.completion_tokens >= 1
-    finally:
-        srv.stop()

@@ -101,12 +101,8 @@ def tools_server(
     d = tmp_path_factory.mktemp("tools")
     model = d / "smollm2-tools.gguf"
     write_with_template(default_model, model, TOOLS_TEMPLATE)
-    srv = Server(["--backend", "cpu", "--model", str(model), "--parallel", "4", "--n-ctx", "2048"], d / "server.log")
-    try:
-        srv.wait_ready()
+    with Server(["--backend", "cpu", "--model", str(model), "--parallel", "4", "--n-ctx", "2048"], d / "server.log") as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

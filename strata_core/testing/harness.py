@@ -121,6 +121,17 @@ class Server:
             time.sleep(0.2)
         raise TimeoutError(f"server not ready: {self.log.read_text()[-3000:]}")
 
+    def __enter__(self) -> Server:
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
         self.proc.terminate()
         try:

@@ -93,12 +93,8 @@ def kit_server(
     kit_backend: Backend, kit_build: EngineBuild, kit_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("kit") / "server.log"
-    srv = Server(["--backend", kit_backend.name, "--model", str(kit_model), "--parallel", "4", "--n-ctx", "1024"], log)
-    try:
-        srv.wait_ready()
+    with Server(["--backend", kit_backend.name, "--model", str(kit_model), "--parallel", "4", "--n-ctx", "1024"], log) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="session")
