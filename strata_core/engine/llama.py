@@ -173,7 +173,7 @@ class Llama:
         return self._piece_buf.raw[:n]
 
     def grammar_tokenizer(self, eos: list[int]) -> Any:
-        """An llguidance tokenizer over this vocabulary (about a second for 50k tokens);
+        """An llguidance tokenizer over this vocabulary (0.36 s for SmolLM2's 49,152 tokens);
         ``eos``: the tokens that end a generation once the grammar is satisfied."""
         from llguidance.llamacpp import lltokenizer_from_vocab
 

@@ -252,12 +252,9 @@ def sample(
     """One token id from a float32 logits row; position keys the Philox draw."""
     if params.plain and mask is None:
         return int(np.argmax(logits))
-    x = adjust(logits, params, history, mask)
-    best = int(np.argmax(x))
-    if not x[best] > -np.inf:
-        raise ValueError("no token is permitted: allowed / grammar mask / bias excluded all")
+    x = permitted(logits, params, history, mask)
     if params.greedy:
-        return best
+        return int(np.argmax(x))
     return draw(truncate(x, params), params.temperature, philox.uniform(params.seed, position, stream))
 
 
@@ -270,6 +267,19 @@ def adjust(
     """The chain's first stages, which greedy picks run too: bias -> mask -> penalties."""
     x = apply_logit_bias(np.asarray(logits, F32), params.bias)
     return apply_penalties(apply_mask(x, params.allowed, mask), history, params)
+
+
+def permitted(
+    logits: np.ndarray,
+    params: SamplingParams,
+    history: Sequence[int] | np.ndarray,
+    mask: np.ndarray | None = None,
+) -> np.ndarray:
+    """``adjust``, refusing a row in which no token survives (ValueError)."""
+    x = adjust(logits, params, history, mask)
+    if not x.max() > -np.inf:
+        raise ValueError("no token is permitted: allowed / grammar mask / bias excluded all")
+    return x
 
 
 def truncate(x: np.ndarray, params: SamplingParams) -> Candidates:
@@ -285,13 +295,10 @@ def probabilities(
 ) -> npt.NDArray[np.float64]:
     """The distribution ``sample`` draws from, over the whole vocabulary (float64): the
     survivors of the chain weighted at the temperature; a point mass when greedy."""
-    x = adjust(logits, params, history, mask)
-    best = int(np.argmax(x))
-    if not x[best] > -np.inf:
-        raise ValueError("no token is permitted: allowed / grammar mask / bias excluded all")
+    x = permitted(logits, params, history, mask)
     p = np.zeros(x.size, np.float64)
     if params.greedy:
-        p[best] = 1.0
+        p[int(np.argmax(x))] = 1.0
         return p
     c = truncate(x, params)
     w = _weights(c, params.temperature)
@@ -324,9 +331,7 @@ def processed_logprobs(
     distribution is the log-softmax of the adjusted row (vLLM's processed_logprobs does
     the same).
     """
-    x = adjust(logits, params, history, mask)
-    if not x.max() > -np.inf:
-        raise ValueError("no token is permitted: allowed / grammar mask / bias excluded all")
+    x = permitted(logits, params, history, mask)
     if params.greedy:
         return _log_softmax_top(x, k)
     c = truncate(x, params)

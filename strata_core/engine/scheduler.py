@@ -293,9 +293,7 @@ class Scheduler:
         try:
             if chosen is not None:  # drawn by the gated verifier (never under a grammar)
                 tok = chosen
-            elif params.plain and mask is None:
-                tok = int(np.argmax(row))
-            else:
+            else:  # sample() takes the argmax itself for a plain, unmasked row
                 tok = sample(row, params, history, position, mask=mask)
         except ValueError as exc:  # nothing permitted: this request's problem, not the batch's
             self._fail(slot, str(exc))
