@@ -122,7 +122,7 @@ def fetch_source(log: Log) -> Path:
         return archive
     src.mkdir(parents=True, exist_ok=True)
     log(f"downloading llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} source release")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python"]
     cmd += ["-d", str(src), f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0 or not archive.is_file():

@@ -117,6 +117,7 @@ class Llama:
         self.n_batch = int(ll.llama_n_batch(ctx))
         self.n_seq = opts.n_seq
         self._piece_buf = ctypes.create_string_buffer(256)
+        self._state = np.empty(0, dtype=np.uint8)  # staging for copies between sequences
 
     # ---- decoding -----------------------------------------------------------------
 
@@ -151,6 +152,23 @@ class Llama:
         if not ll.llama_memory_seq_rm(self.mem, seq, keep, -1):
             ll.llama_memory_seq_rm(self.mem, seq, -1, -1)
             raise LlamaError(f"could not trim sequence {seq} to {keep}")
+
+    def seq_copy(self, src: int, dst: int) -> bool:
+        """Replace ``dst``'s cache with a copy of ``src``'s.
+
+        Each sequence has a KV stream of its own, so the copy goes through host memory
+        (llama_memory_seq_cp between streams is deferred to the next decode, after which
+        a trim would come too late). False, with ``dst`` empty, if llama.cpp refused.
+        """
+        size = int(ll.llama_state_seq_get_size(self.ctx, src))
+        if self._state.size < size:
+            self._state = np.empty(size, dtype=np.uint8)
+        buf = self._state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        n = int(ll.llama_state_seq_get_data(self.ctx, buf, size, src))
+        if n and ll.llama_state_seq_set_data(self.ctx, buf, n, dst):
+            return True
+        ll.llama_memory_seq_rm(self.mem, dst, -1, -1)
+        return False
 
     # ---- vocabulary -----------------------------------------------------------------
 

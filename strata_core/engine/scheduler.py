@@ -69,6 +69,9 @@ class Slot:
 #: keeps the device busy and windows would cost more than they save.
 SPEC_MAX_SLOTS = 2
 SPEC_MAX_WAIT = 32
+#: A new request starts from a copy of another slot's cache when that saves prefilling at
+#: least this many prompt tokens (a copy costs far less than computing them again).
+COPY_MIN_GAIN = 16
 
 
 class Scheduler:
@@ -125,12 +128,20 @@ class Scheduler:
         free = [s for s in self.slots if s.req is None]
         while self.waiting and free:
             req = self.waiting.popleft()
-            slot = max(free, key=lambda s: common_prefix(s.cached, req.prompt))
+            shared = {s.seq: common_prefix(s.cached, req.prompt) for s in self.slots}
+            slot = max(free, key=lambda s: shared[s.seq])
             free.remove(slot)
+            # Another slot (busy or not) may hold more of the prompt, say a chat preamble
+            # a burst of new requests shares: start from a copy of its cache.
+            donor = max(self.slots, key=lambda s: shared[s.seq])
+            if shared[donor.seq] - shared[slot.seq] >= COPY_MIN_GAIN:
+                ok = self.llama.seq_copy(donor.seq, slot.seq)
+                slot.cached = list(donor.cached) if ok else []
+                shared[slot.seq] = shared[donor.seq] if ok else 0
             # The last prompt token is decoded like a generated one, in a decode step:
             # its logits then come from the same kernels whether or not the prefix was
             # cached, so a seeded request replays exactly on every backend.
-            keep = min(common_prefix(slot.cached, req.prompt), len(req.prompt) - 1)
+            keep = min(shared[slot.seq], len(req.prompt) - 1)
             self.llama.seq_trim(slot.seq, keep)
             slot.cached = slot.cached[:keep]
             slot.pending = req.prompt[keep:-1]

@@ -1,0 +1,60 @@
+"""Slots on the real engine: a new request starts from the longest cached prefix, its own
+slot's or a copy of another slot's, and the copy computes what a fresh prefill would."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from strata_core import protocol as proto
+from strata_core.backends.cpu import CpuBackend
+from strata_core.build import EngineBuild
+from strata_core.testing.harness import EngineProcess
+
+pytestmark = pytest.mark.slow
+
+PREAMBLE = "You are a careful assistant. Answer in full sentences and cite your sources. " * 4
+
+
+@pytest.fixture(scope="module")
+def engine(cpu_engine: EngineBuild, default_model: Path) -> Iterator[EngineProcess]:
+    e = EngineProcess(CpuBackend(), cpu_engine, default_model, parallel=2)
+    yield e
+    e.close()
+
+
+def tokenize(engine: EngineProcess, text: str) -> list[int]:
+    engine.send(proto.Tokenize("tk", text, True))
+    return list(engine.expect(proto.Tokens).ids)
+
+
+def outcome(events: list[proto.Event]) -> tuple[list[int], int]:
+    done = events[-1]
+    assert isinstance(done, proto.Done) and done.reason in ("stop", "length"), done
+    return [e.id for e in events if isinstance(e, proto.Token)], int(done.stats["cached"])
+
+
+def test_a_new_request_copies_the_prefix_a_busy_slot_holds(engine: EngineProcess) -> None:
+    shared = tokenize(engine, PREAMBLE)
+    assert len(shared) > 16  # the scheduler's COPY_MIN_GAIN: worth a copy
+    first = shared + tokenize(engine, " Question: what is a lighthouse?")[1:]
+    second = shared + tokenize(engine, " Question: name three rivers.")[1:]
+
+    # Alone, on an empty slot: the reference output, with nothing cached.
+    ref, cached = outcome(engine.run("ref", second, max_tokens=12))
+    assert cached == 0
+
+    # `first` takes the slot that holds the preamble and keeps it busy; `second` then gets
+    # the other slot, which holds nothing it shares, and starts from a copy of the busy one.
+    engine.send(proto.Gen("busy", {"max_tokens": "400"}, tuple(first)))
+    while not isinstance(ev := engine.next_event(), proto.Token):
+        assert not isinstance(ev, proto.Done | proto.Error), ev
+    events = engine.run("copied", second, max_tokens=12)
+    engine.send(proto.Cancel("busy"))
+    got, cached = outcome(events)
+    assert cached >= len(shared) - 1
+    assert got == ref  # greedy: the copied cache computes what a fresh prefill computed
+    while not (isinstance(ev := engine.next_event(), proto.Done) and ev.rid == "busy"):
+        pass
