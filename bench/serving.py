@@ -21,6 +21,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -49,9 +50,13 @@ class Result:
     ttft: list[float] = field(default_factory=list)
     itl: list[float] = field(default_factory=list)
     wall: float = 0.0
+    drafted: int = 0  # speculative drafts, from usage.speculative where a server reports it
+    accepted: int = 0
 
 
-async def one(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int, res: Result) -> None:
+async def one(
+    client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int, res: Result, extra: dict[str, Any] | None = None
+) -> None:
     body = {
         "model": "default",
         "messages": [{"role": "user", "content": prompt}],
@@ -59,6 +64,7 @@ async def one(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int,
         "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
+        **(extra or {}),
     }
     t0 = time.perf_counter()
     last = None
@@ -71,6 +77,9 @@ async def one(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int,
             ev = json.loads(line[6:])
             if ev.get("usage"):
                 usage = ev["usage"]["completion_tokens"]
+                spec = ev["usage"].get("speculative") or {}
+                res.drafted += spec.get("drafted_tokens", 0)
+                res.accepted += spec.get("accepted_tokens", 0)
             if ev.get("choices") and ev["choices"][0].get("delta", {}).get("content"):
                 chunks += 1
                 now = time.perf_counter()
@@ -83,8 +92,11 @@ async def one(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int,
     res.tokens += usage if usage is not None else chunks
 
 
-async def run_load(base: str, concurrency: int, n_requests: int, max_tokens: int, tag: str | None = None) -> Result:
-    """``n_requests`` streamed chats, ``concurrency`` at a time. With a ``tag``, each
+async def run_load(
+    base: str, concurrency: int, n_requests: int, max_tokens: int, tag: str | None = None,
+    prompts: list[str] = PROMPTS, extra: dict[str, Any] | None = None,
+) -> Result:  # fmt: skip
+    """``n_requests`` streamed chats from ``prompts``, ``concurrency`` at a time. With a ``tag``, each
     prompt starts with it and its index, so no server answers from a cache of an
     earlier run's prompts (llama-server keeps whole prompts in host memory); only the
     chat template's own preamble is shared, as between real users."""
@@ -96,11 +108,11 @@ async def run_load(base: str, concurrency: int, n_requests: int, max_tokens: int
         await one(client, f"{base}/v1/chat/completions", PROMPTS[0], 8, Result())  # warm-up
 
         async def guarded(i: int) -> None:
-            prompt = PROMPTS[i % len(PROMPTS)]
+            prompt = prompts[i % len(prompts)]
             if tag is not None:
                 prompt = f"[{tag}-{i}] {prompt}"
             async with sem:
-                await one(client, f"{base}/v1/chat/completions", prompt, max_tokens, res)
+                await one(client, f"{base}/v1/chat/completions", prompt, max_tokens, res, extra)
 
         t0 = time.perf_counter()
         await asyncio.gather(*(guarded(i) for i in range(n_requests)))

@@ -1,29 +1,31 @@
-"""Speculation on against off, in one run, on the default model (greedy unless
---temperature is given).
+"""Speculation on against off, side by side in one run, on the default model (greedy
+unless --temperature is given).
 
-    python bench/speculative.py [--requests 4] [--max-tokens 128] [--modes off ngram draft]
-        [--draft-model PATH | --draft-layers 28] [--threshold 0.1] [--temperature 0]
+    python bench/speculative.py [--requests 4] [--max-tokens 128] [--rounds 3]
+        [--modes off ngram draft] [--draft-model PATH | --draft-layers 28]
+        [--threshold 0.1] [--temperature 0]
 
 Workloads: copy-heavy (repeat or lightly edit a given passage or code) and open-ended,
-at concurrency 1 and 4. Prints tokens/s for each mode, each mode's ratio to off, and the
-acceptance (accepted / drafted tokens) from the responses' usage. Mode ``draft`` uses
---draft-model, or else a copy of the model keeping its first --draft-layers blocks
-(self-speculation sharing the vocabulary).
+at concurrency 1 and 4. One server per mode runs throughout; the modes take turns within
+every round, so drift in the machine's load falls on all of them. Prints, pooled over the
+rounds: tokens/s, TTFT p50 and ITL p50 (streamed chunks) for each mode, each mode's
+ratios to off, and the acceptance (accepted / drafted tokens, from the responses' usage).
+Mode ``draft`` uses --draft-model, or else a copy of the model keeping its first
+--draft-layers blocks (self-speculation sharing the vocabulary).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import tempfile
-import time
-from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
-
-import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.serving import Result, p50, run_load  # noqa: E402
 from strata_core.testing.harness import Server  # noqa: E402
 
 # Long enough that a faithful copy runs past --max-tokens: the copy-heavy figure then
@@ -72,32 +74,27 @@ WORKLOADS = {
 }
 
 
-def one(base: str, prompt: str, max_tokens: int, temperature: float = 0.0) -> tuple[int, int, int]:
-    body = {"model": "default", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens}
-    if temperature:
-        body |= {"temperature": temperature, "seed": 1}
-    u = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=600).json()["usage"]
-    spec = u.get("speculative", {})
-    return u["completion_tokens"], spec.get("drafted_tokens", 0), spec.get("accepted_tokens", 0)
+def pooled(runs: list[Result]) -> Result:
+    out = Result()
+    for r in runs:
+        out.tokens, out.wall = out.tokens + r.tokens, out.wall + r.wall
+        out.drafted, out.accepted = out.drafted + r.drafted, out.accepted + r.accepted
+        out.ttft += r.ttft
+        out.itl += r.itl
+    return out
 
 
-def load(
-    base: str, prompts: list[str], concurrency: int, requests: int, max_tokens: int, temperature: float
-) -> dict[str, float]:
-    jobs = [prompts[i % len(prompts)] for i in range(requests)]
-    one(base, prompts[0], 4)  # warm-up
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(concurrency) as pool:
-        results = list(pool.map(lambda p: one(base, p, max_tokens, temperature), jobs))
-    wall = time.perf_counter() - t0
-    tokens, drafted, accepted = (sum(col) for col in zip(*results, strict=True))
-    return {"tok_s": tokens / wall, "tokens": tokens, "drafted": drafted, "accepted": accepted}
+def line(r: Result) -> str:
+    acc = f"accepted {r.accepted}/{r.drafted}" if r.drafted else "no drafts"
+    return (f"{r.tokens / r.wall:7.1f} tok/s  TTFT p50 {p50(r.ttft):7.1f} ms  ITL p50 {p50(r.itl):6.2f} ms  "
+            f"({r.tokens} tokens, {acc})")  # fmt: skip
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--requests", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=4, help="requests per concurrent stream and round")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--model", default="default")
     ap.add_argument("--modes", nargs="+", choices=["off", "ngram", "draft"], default=["off", "ngram", "draft"])
     ap.add_argument("--draft-model", help="a GGUF sharing the model's vocabulary (mode draft)")
@@ -105,10 +102,12 @@ def main() -> None:
     ap.add_argument("--threshold", type=float, default=0.1, help="the draft model's confidence gate")
     ap.add_argument("--k", type=int, default=4, help="most tokens one window proposes")
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--parallel", type=int, default=4, help="slots per server")
     a = ap.parse_args()
     modes = ["off", *(m for m in a.modes if m != "off")]
-    table: dict[tuple[str, str, int], dict[str, float]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    extra = {"temperature": a.temperature} if a.temperature else None
+    table: dict[tuple[str, str, int], list[Result]] = {}
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         draft = a.draft_model
         if "draft" in modes and not draft:
             from strata_core.models import resolve_model
@@ -116,30 +115,35 @@ def main() -> None:
 
             draft = str(Path(tmp) / "draft.gguf")
             write_truncated(resolve_model(a.model).path, Path(draft), a.draft_layers)
+        servers: dict[str, Server] = {}
         for mode in modes:
             cfg = Path(tmp) / f"{mode}.toml"
             text = f'[speculative]\nmode = "{mode}"\nk = {a.k}\n'
             if mode == "draft":
                 text += f'draft_model = "{draft}"\nthreshold = {a.threshold}\n'
             cfg.write_text(text)
-            srv = Server(["--config", str(cfg), "--model", a.model, "--parallel", "4"], Path(tmp) / f"{mode}.log")
-            try:
-                srv.wait_ready()
-                for name, prompts in WORKLOADS.items():
-                    for c in (1, 4):
-                        r = load(srv.base, prompts, c, a.requests * c, a.max_tokens, a.temperature)
-                        table[(mode, name, c)] = r
-                        print(f"spec {mode:<5} {name:<10} c={c}: {r['tok_s']:7.1f} tok/s  "
-                              f"({r['tokens']:.0f} tokens, accepted {r['accepted']:.0f}/{r['drafted']:.0f})", flush=True)  # fmt: skip
-            finally:
-                srv.stop()
+            args = ["--config", str(cfg), "--model", a.model, "--parallel", str(a.parallel)]
+            servers[mode] = stack.enter_context(Server(args, Path(tmp) / f"{mode}.log"))
+        for rnd in range(a.rounds):
+            turn = modes[rnd % len(modes) :] + modes[: rnd % len(modes)]
+            for name, prompts in WORKLOADS.items():
+                for c in (1, 4):
+                    for mode in turn:
+                        r = asyncio.run(run_load(servers[mode].base, c, a.requests * c, a.max_tokens,
+                                                 prompts=prompts, extra=extra))  # fmt: skip
+                        table.setdefault((mode, name, c), []).append(r)
+                        print(f"round {rnd} {mode:<5} {name:<10} c={c}: {line(r)}", flush=True)
+    print(f"pooled over {a.rounds} rounds:")
+    for (mode, name, c), runs in table.items():
+        print(f"{mode:<5} {name:<10} c={c}: {line(pooled(runs))}")
     for mode in modes[1:]:
         for name in WORKLOADS:
             for c in (1, 4):
-                on, off = table[(mode, name, c)], table[("off", name, c)]
-                acc = on["accepted"] / on["drafted"] if on["drafted"] else 0.0
-                print(f"{mode:<5} {name:<10} c={c}: on/off tokens/s x{on['tok_s'] / off['tok_s']:.3f}, "
-                      f"acceptance {acc:.2f} ({on['accepted']:.0f}/{on['drafted']:.0f})")  # fmt: skip
+                on, off = pooled(table[(mode, name, c)]), pooled(table[("off", name, c)])
+                acc = on.accepted / on.drafted if on.drafted else 0.0
+                print(f"{mode:<5} {name:<10} c={c}: on/off tokens/s x{(on.tokens / on.wall) / (off.tokens / off.wall):.3f}, "
+                      f"TTFT x{p50(on.ttft) / p50(off.ttft):.3f}, ITL x{p50(on.itl) / p50(off.itl):.3f}, "
+                      f"acceptance {acc:.2f} ({on.accepted}/{on.drafted})")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -168,6 +168,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         spec_k=spec.k,
         draft_model=str(draft.path) if draft else None,
         spec_threshold=spec.threshold,
+        spec_adaptive=spec.adaptive,
+        prompt_cache_mib=e.prompt_cache_mib,
     )
     service = Service(cfg, model.id, EngineClient(command))
     service.backend_info = {

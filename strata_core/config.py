@@ -45,6 +45,9 @@ class EngineConfig(_Section):
     n_gpu_layers: int | None = Field(default=None, ge=-1)
     flash_attn: bool | None = None
     devices: str | None = None
+    #: Host memory (MiB) for slot caches saved when their slot moves on to another prompt,
+    #: so a later request sharing their prefix loads them instead of prefilling; 0: none.
+    prompt_cache_mib: int = Field(default=256, ge=0)
     #: Use this llama-cpp-python instead of building one: a directory holding the
     #: ``llama_cpp`` package, or a wheel file.
     llama_cpp: str | None = None
@@ -78,6 +81,9 @@ class SpeculativeConfig(_Section):
     #: mode "draft": the confidence gate tau; a proposal whose draft probability is
     #: below it ends the window (reference/002). 0 offers every draw.
     threshold: float = Field(default=0.1, ge=0.0, le=1.0)
+    #: mode "ngram": open a window only where it pays, judged from the measured cost of a
+    #: step's rows and each request's acceptance; false opens one at every n-gram match.
+    adaptive: bool = True
 
     @model_validator(mode="after")
     def _draft_needs_a_model(self) -> SpeculativeConfig:

@@ -292,11 +292,16 @@ def engine_command(
     spec_k: int = 4,
     draft_model: str | None = None,
     spec_threshold: float = 0.1,
+    spec_adaptive: bool = True,
+    prompt_cache_mib: int = 256,
 ) -> EngineCommand:
     """The argv and environment that run the engine on a backend's build at ``site``."""
     argv = [sys.executable, "-m", "strata_core.engine", "--model", model, "--backend", backend]
     argv += ["--n-ctx", str(n_ctx), "--parallel", str(parallel), "--n-batch", str(n_batch)]
     argv += ["--n-gpu-layers", str(n_gpu_layers), "--spec-k", str(spec_k)]
+    if not spec_adaptive:
+        argv += ["--spec-fixed"]
+    argv += ["--prompt-cache-mib", str(prompt_cache_mib)]
     if draft_model:
         argv += ["--draft-model", draft_model, "--spec-threshold", repr(spec_threshold)]
     argv += ["--flash-attn", {True: "on", False: "off", None: "auto"}[flash_attn]]

@@ -1,5 +1,6 @@
 """Slots on the real engine: a new request starts from the longest cached prefix, its own
-slot's or a copy of another slot's, and the copy computes what a fresh prefill would."""
+slot's, a copy of another slot's, or one saved in host memory, and a copy computes what a
+fresh prefill would."""
 
 from __future__ import annotations
 
@@ -58,3 +59,25 @@ def test_a_new_request_copies_the_prefix_a_busy_slot_holds(engine: EngineProcess
     assert got == ref  # greedy: the copied cache computes what a fresh prefill computed
     while not (isinstance(ev := engine.next_event(), proto.Done) and ev.rid == "busy"):
         pass
+
+
+@pytest.mark.parametrize("mib", [256, 0], ids=["saved", "no-host-cache"])
+def test_a_prompt_whose_slot_moved_on_is_loaded_from_host_memory(
+    cpu_engine: EngineBuild, default_model: Path, mib: int
+) -> None:
+    e = EngineProcess(CpuBackend(), cpu_engine, default_model, parallel=1, prompt_cache_mib=mib)
+    try:
+        shared = tokenize(e, PREAMBLE)
+        first = shared + tokenize(e, " Question: what is a lighthouse?")[1:]
+        ref, cached = outcome(e.run("ref", first, max_tokens=12))
+        assert cached == 0
+        # the only slot moves on to a prompt sharing nothing with the first
+        outcome(e.run("other", tokenize(e, "Write a haiku about the sea. " * 8), max_tokens=4))
+        got, cached = outcome(e.run("again", first, max_tokens=12))
+        assert got == ref
+        if mib:
+            assert cached >= len(first) - 1  # the whole prompt but its last token came back
+        else:
+            assert cached <= 1
+    finally:
+        e.close()

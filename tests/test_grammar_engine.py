@@ -29,7 +29,7 @@ CITY = {
 
 @pytest.fixture(scope="module")
 def engine(cpu_engine: EngineBuild, default_model: Path):  # type: ignore[no-untyped-def]
-    e = EngineProcess(CpuBackend(), cpu_engine, default_model, parallel=2)
+    e = EngineProcess(CpuBackend(), cpu_engine, default_model, parallel=2, spec_adaptive=False)
     yield e
     e.close()
 

@@ -18,7 +18,7 @@ COPY = "Please repeat this sentence exactly: the quick brown fox jumps over the 
 
 @pytest.fixture(scope="module")
 def engine(cpu_engine: EngineBuild, default_model: Path):  # type: ignore[no-untyped-def]
-    e = EngineProcess(CpuBackend(), cpu_engine, default_model, parallel=2)
+    e = EngineProcess(CpuBackend(), cpu_engine, default_model, parallel=2, spec_adaptive=False)
     yield e
     e.close()
 
@@ -63,7 +63,7 @@ def test_seeded_speculation_preserves_the_output_where_windows_are_exact(
     """With flash attention on and a context under 256 tokens the CPU build computes a
     window's rows bitwise as one token at a time (bench/window_tvd.py), and there a seeded
     n-gram run replays speculation off exactly."""
-    e = EngineProcess(CpuBackend(), cpu_engine, default_model, parallel=1, flash_attn=True)
+    e = EngineProcess(CpuBackend(), cpu_engine, default_model, parallel=1, flash_attn=True, spec_adaptive=False)
     try:
         for seed in (2, 3):  # cool enough that drafts are kept, and rejected
             keys = {"temperature": 0.4, "seed": seed}
@@ -78,6 +78,29 @@ def test_seeded_speculation_preserves_the_output_where_windows_are_exact(
 def test_copy_heavy_text_is_accepted(engine: EngineProcess, copy_prompt: list[int]) -> None:
     _, stats = run(engine, "acc", copy_prompt, max_tokens=48, spec="ngram")
     assert int(stats["accepted"]) >= int(stats["drafted"]) // 2, stats
+
+
+def test_adaptive_windows_open_only_where_they_pay(
+    cpu_engine: EngineBuild, default_model: Path, copy_prompt: list[int]
+) -> None:
+    """The default policy measures what a window's rows cost and what its drafts keep: on
+    two CPU cores, where a row costs nearly a step, it opens far fewer windows on free text
+    than one at every match does, and the output is the same (flash attention on and a
+    short context: windows compute bitwise as single steps there)."""
+    got = {}
+    for policy, adaptive in (("every", False), ("paid", True)):
+        e = EngineProcess(CpuBackend(), cpu_engine, default_model, parallel=1, flash_attn=True, spec_adaptive=adaptive)
+        try:
+            e.send(proto.Tokenize("tk", "Once upon a time, in a village by the sea, there lived", True))
+            story = list(e.expect(proto.Tokens).ids)
+            run(e, "measure", copy_prompt, max_tokens=48, spec="ngram")  # rows get timed
+            got[policy] = run(e, policy, story, max_tokens=96, spec="ngram")
+        finally:
+            e.close()
+    (every, every_stats), (paid, paid_stats) = got["every"], got["paid"]
+    assert paid == every
+    assert int(every_stats["drafted"]) >= 8, every_stats  # the text offers n-gram matches
+    assert int(paid_stats["drafted"]) <= int(every_stats["drafted"]) // 2, (paid_stats, every_stats)
 
 
 def test_unknown_spec_mode_is_refused(engine: EngineProcess, copy_prompt: list[int]) -> None:

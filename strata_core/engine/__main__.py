@@ -90,7 +90,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--n-gpu-layers", type=int, default=0)
     ap.add_argument("--flash-attn", choices=["on", "off", "auto"], default="auto")
     ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--prompt-cache-mib", type=int, default=256, help="host memory for saved slot caches")
     ap.add_argument("--spec-k", type=int, default=4, help="most tokens a speculative window proposes")
+    ap.add_argument(
+        "--spec-fixed", action="store_true", help="n-gram windows at every match, not only where they pay"
+    )
     ap.add_argument("--draft-model", help="a GGUF sharing the model's vocabulary, for spec=draft")
     ap.add_argument("--spec-threshold", type=float, default=0.1, help="the draft model's confidence gate")
     return ap.parse_args(argv)
@@ -165,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     out.flush()
-    sched = Scheduler(llama, out.emit, drafter)
+    sched = Scheduler(
+        llama, out.emit, drafter, adaptive=not args.spec_fixed, saved_bytes=args.prompt_cache_mib << 20
+    )
     grammars = Grammars(lambda: llama.grammar_tokenizer(sorted(eog)), llama.n_vocab)
     warned: set[str] = set()
 

@@ -117,7 +117,6 @@ class Llama:
         self.n_batch = int(ll.llama_n_batch(ctx))
         self.n_seq = opts.n_seq
         self._piece_buf = ctypes.create_string_buffer(256)
-        self._state = np.empty(0, dtype=np.uint8)  # staging for copies between sequences
 
     # ---- decoding -----------------------------------------------------------------
 
@@ -153,22 +152,27 @@ class Llama:
             ll.llama_memory_seq_rm(self.mem, seq, -1, -1)
             raise LlamaError(f"could not trim sequence {seq} to {keep}")
 
-    def seq_copy(self, src: int, dst: int) -> bool:
-        """Replace ``dst``'s cache with a copy of ``src``'s.
+    def seq_save(self, seq: int) -> npt.NDArray[np.uint8] | None:
+        """The state of ``seq`` (its cache) as bytes in host memory; None if llama.cpp refused."""
+        size = int(ll.llama_state_seq_get_size(self.ctx, seq))
+        buf = np.empty(size, dtype=np.uint8)
+        n = int(ll.llama_state_seq_get_data(self.ctx, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, seq))
+        return buf[:n] if n else None
 
-        Each sequence has a KV stream of its own, so the copy goes through host memory
-        (llama_memory_seq_cp between streams is deferred to the next decode, after which
-        a trim would come too late). False, with ``dst`` empty, if llama.cpp refused.
-        """
-        size = int(ll.llama_state_seq_get_size(self.ctx, src))
-        if self._state.size < size:
-            self._state = np.empty(size, dtype=np.uint8)
-        buf = self._state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
-        n = int(ll.llama_state_seq_get_data(self.ctx, buf, size, src))
-        if n and ll.llama_state_seq_set_data(self.ctx, buf, n, dst):
+    def seq_load(self, seq: int, state: npt.NDArray[np.uint8] | None) -> bool:
+        """Replace the cache of ``seq`` with a saved ``state``; False, with ``seq`` empty, if
+        llama.cpp refused."""
+        ptr = state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)) if state is not None else None
+        if state is not None and ll.llama_state_seq_set_data(self.ctx, ptr, state.size, seq):
             return True
-        ll.llama_memory_seq_rm(self.mem, dst, -1, -1)
+        ll.llama_memory_seq_rm(self.mem, seq, -1, -1)
         return False
+
+    def seq_copy(self, src: int, dst: int) -> bool:
+        """Replace the cache of ``dst`` with a copy of ``src``'s. Each sequence has a KV
+        stream of its own, so the copy goes through host memory (llama_memory_seq_cp between
+        streams is deferred to the next decode, after which a trim would come too late)."""
+        return self.seq_load(dst, self.seq_save(src))
 
     # ---- vocabulary -----------------------------------------------------------------
 

@@ -2,8 +2,10 @@
 
 Each step decodes chunks of pending prompts and then one token (or a speculative window)
 for every decoding slot, within ``n_batch`` together. New requests join between steps and take
-the free slot whose cached tokens share the longest prefix with their prompt; finished
-or cancelled slots free at once and keep their cache for the next request.
+the free slot whose cached tokens share the longest prefix with their prompt, starting
+from a copy of another slot's cache or of one saved in host memory where that holds more
+of it (prompt_cache.py); finished or cancelled slots free at once and keep their cache
+for the next request.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from strata_core import protocol as proto
+from strata_core.engine.adaptive import Acceptance, Shadow, StepCost, expected_kept, window_size
 from strata_core.engine.drafter import DraftJob, DraftModel
 from strata_core.engine.grammar import Constraint
 from strata_core.engine.llama import Batch, Llama
+from strata_core.engine.prompt_cache import SavedPrompts
 from strata_core.engine.sampler import (
     SamplingParams,
     probabilities,
@@ -50,6 +54,8 @@ class Request:
     grammar: Constraint | None = None  # constrained decoding: the mask before each sample
     drafted: int = 0
     accepted: int = 0
+    acceptance: Acceptance = field(default_factory=Acceptance)  # of n-gram drafts, real or shadow
+    shadow: Shadow | None = None  # an n-gram draft recorded instead of decoded
     t_arrive: float = field(default_factory=time.perf_counter)
     t_first: float = 0.0
 
@@ -61,27 +67,35 @@ class Slot:
     req: Request | None = None
     pending: list[int] = field(default_factory=list)  # prompt tokens still to decode
     last: int | None = None  # sampled, not yet decoded
-    spec_wait: int = 0  # decode steps left before this slot drafts again
-    spec_misses: int = 0  # windows in a row that accepted nothing
+    spec_wait: int = 0  # draft model: decode steps left before this slot drafts again
+    spec_misses: int = 0  # draft model: windows in a row that accepted nothing
 
 
-#: Speculation only while at most this many slots decode: beyond it the batch already
-#: keeps the device busy and windows would cost more than they save.
+#: The draft model drafts only while at most this many slots decode: beyond it the batch
+#: already keeps the device busy and its drafting would cost more than it saves. (N-gram
+#: windows cost no drafting; the measured step cost decides for them, adaptive.py.)
 SPEC_MAX_SLOTS = 2
 SPEC_MAX_WAIT = 32
-#: A new request starts from a copy of another slot's cache when that saves prefilling at
-#: least this many prompt tokens (a copy costs far less than computing them again).
+#: A new request starts from a copy of another slot's cache, or of one saved in host
+#: memory, when that saves prefilling at least this many prompt tokens (a copy costs far
+#: less than computing them again); a slot's cache is saved before it loses as many.
 COPY_MIN_GAIN = 16
 
 
 class Scheduler:
-    def __init__(self, llama: Llama, emit: Emit, drafter: DraftModel | None = None) -> None:
+    def __init__(
+        self, llama: Llama, emit: Emit, drafter: DraftModel | None = None, adaptive: bool = True,
+        saved_bytes: int = 0,
+    ) -> None:  # fmt: skip
         self.llama = llama
         self.emit = emit
         self.drafter = drafter
         self.slots = [Slot(i) for i in range(llama.n_seq)]
         self.waiting: deque[Request] = deque()
         self.batch = Batch(max(llama.n_batch, llama.n_seq))
+        self.cost = StepCost()  # seconds per decode-and-sample step by rows
+        self.saved = SavedPrompts(saved_bytes)  # slot caches kept in host memory
+        self.adaptive = adaptive  # False: an n-gram window at every match (rows taken as free)
 
     # ---- requests -------------------------------------------------------------------
 
@@ -128,25 +142,42 @@ class Scheduler:
         free = [s for s in self.slots if s.req is None]
         while self.waiting and free:
             req = self.waiting.popleft()
-            shared = {s.seq: common_prefix(s.cached, req.prompt) for s in self.slots}
+            prompt = req.prompt
+            shared = {s.seq: common_prefix(s.cached, prompt) for s in self.slots}
             slot = max(free, key=lambda s: shared[s.seq])
             free.remove(slot)
+            have = shared[slot.seq]
             # Another slot (busy or not) may hold more of the prompt, say a chat preamble
-            # a burst of new requests shares: start from a copy of its cache.
+            # a burst of new requests shares, or host memory may: start from a copy.
             donor = max(self.slots, key=lambda s: shared[s.seq])
-            if shared[donor.seq] - shared[slot.seq] >= COPY_MIN_GAIN:
-                ok = self.llama.seq_copy(donor.seq, slot.seq)
-                slot.cached = list(donor.cached) if ok else []
-                shared[slot.seq] = shared[donor.seq] if ok else 0
+            saved, n_saved = self.saved.longest(prompt)
+            if max(shared[donor.seq], n_saved) - have >= COPY_MIN_GAIN:
+                self._save(slot, 0)
+                if shared[donor.seq] >= n_saved:
+                    ok, tokens, n = self.llama.seq_copy(donor.seq, slot.seq), donor.cached, shared[donor.seq]
+                else:
+                    assert saved is not None
+                    self.saved.use(saved)
+                    ok, tokens, n = self.llama.seq_load(slot.seq, saved.state), saved.tokens, n_saved
+                slot.cached, have = (list(tokens), n) if ok else ([], 0)
             # The last prompt token is decoded like a generated one, in a decode step:
             # its logits then come from the same kernels whether or not the prefix was
             # cached, so a seeded request replays exactly on every backend.
-            keep = min(shared[slot.seq], len(req.prompt) - 1)
+            keep = min(have, len(prompt) - 1)
+            self._save(slot, keep)
             self.llama.seq_trim(slot.seq, keep)
             slot.cached = slot.cached[:keep]
-            slot.pending = req.prompt[keep:-1]
-            slot.req, slot.last = req, req.prompt[-1]
+            slot.pending = prompt[keep:-1]
+            slot.req, slot.last = req, prompt[-1]
             req.cached = keep
+
+    def _save(self, slot: Slot, keep: int) -> None:
+        """Save the slot's cache to host memory before it shrinks to ``keep`` tokens, when
+        that loses enough to be worth a later load and host memory does not hold it yet."""
+        if len(slot.cached) - keep >= COPY_MIN_GAIN and not self.saved.holds(slot.cached):
+            state = self.llama.seq_save(slot.seq)
+            if state is not None:
+                self.saved.add(slot.cached, state)
 
     # ---- one step ---------------------------------------------------------------------
 
@@ -161,7 +192,7 @@ class Scheduler:
         self._admit()
         batch = self.batch
         decoding = [s for s in self.slots if s.req is not None and s.last is not None and not s.pending]
-        drafts = self._drafts(decoding) if len(decoding) <= SPEC_MAX_SLOTS else {}
+        drafts = self._drafts(decoding)
         budget = batch.capacity - sum(1 + len(drafts[s.seq].offered) if s.seq in drafts else 1 for s in decoding)
         batch.clear()
         for slot in self.slots:
@@ -185,6 +216,7 @@ class Scheduler:
     def _decode_rows(self, group: list[Slot], drafts: dict[int, Proposal]) -> None:
         """One ``llama_decode`` of the group's last tokens (with their windows), then
         sample them: logits only live until the next decode."""
+        t0 = time.perf_counter()
         batch = self.batch
         batch.clear()
         windows: list[tuple[Slot, int, Proposal]] = []
@@ -201,6 +233,7 @@ class Scheduler:
                 self._verify(slot, idx, prop.tokens)
             else:
                 self._verify_gated(slot, idx, prop)
+        self.cost.add(batch.n, time.perf_counter() - t0)
 
     # ---- speculation -------------------------------------------------------------------
 
@@ -208,6 +241,8 @@ class Scheduler:
         """This step's proposals by sequence; the draft model drafts for all its slots at once."""
         out: dict[int, Proposal] = {}
         jobs: list[DraftJob] = []
+        # The step's rows and expected tokens so far: each window must raise its rate.
+        rows, expect = len(decoding), float(len(decoding))
         for slot in decoding:
             req, k = slot.req, self._draft_room(slot)
             assert req is not None and slot.last is not None
@@ -215,12 +250,26 @@ class Scheduler:
                 continue
             context = [*slot.cached, slot.last]
             if req.spec_draft and self.drafter is not None and req.grammar is None:
-                jobs.append(DraftJob(slot.seq, context, k, req.params))
+                if slot.spec_wait:  # backing off after windows that kept nothing
+                    slot.spec_wait -= 1
+                elif len(decoding) <= SPEC_MAX_SLOTS:
+                    jobs.append(DraftJob(slot.seq, context, k, req.params))
                 continue
+            if req.shadow is not None and (kept := req.shadow.check(context)) is not None:
+                req.acceptance.observe(len(req.shadow.tokens), kept)
+                req.shadow = None
             tokens = ngram_draft(context, k)
             if req.grammar is not None:  # a token the grammar forbids can never be kept
                 tokens = tokens[: req.grammar.valid_prefix(tokens)]
-            out[slot.seq] = Proposal(tokens)
+            if not tokens:
+                continue
+            alpha = req.acceptance.alpha
+            k = window_size(alpha, len(tokens), self.cost.seconds, rows, expect) if self.adaptive else len(tokens)
+            if k:
+                out[slot.seq] = Proposal(tokens[:k])
+                rows, expect = rows + k, expect + expected_kept(alpha, k)
+            elif req.shadow is None:  # not worth a window now: learn what it would have kept
+                req.shadow = Shadow(len(context), tokens)
         if jobs:
             assert self.drafter is not None
             props = zip(jobs, self.drafter.propose(jobs), strict=True)
@@ -229,13 +278,10 @@ class Scheduler:
         return out
 
     def _draft_room(self, slot: Slot) -> int:
-        """How many tokens the slot may draft this step (0 while backing off)."""
+        """How many tokens the slot may draft this step."""
         req = slot.req
         assert req is not None
         if not req.spec_k or req.isolate:
-            return 0
-        if slot.spec_wait:
-            slot.spec_wait -= 1
             return 0
         # Room for the window and its bonus token, in the context and in max_tokens.
         room = min(self.llama.n_ctx - len(slot.cached) - 2, req.max_tokens - req.generated - 1)
@@ -281,6 +327,7 @@ class Scheduler:
         """Count a window, trim the cache to what was kept, and back off after misses."""
         req.drafted += drafted
         req.accepted += kept
+        req.acceptance.observe(drafted, kept)
         self.llama.seq_trim(slot.seq, len(slot.cached))
         slot.spec_misses = 0 if kept else slot.spec_misses + 1
         slot.spec_wait = min(2**slot.spec_misses - 1, SPEC_MAX_WAIT) if not kept else 0

@@ -36,6 +36,7 @@ class EngineProcess:
     def __init__(
         self, backend: Backend, build: EngineBuild, model: Path, parallel: int = 2,
         draft_model: Path | None = None, spec_threshold: float = 0.1, flash_attn: bool | None = None,
+        spec_adaptive: bool = True, prompt_cache_mib: int = 256,
     ) -> None:  # fmt: skip
         d = backend.engine_defaults()
         flash_attn = d.flash_attn if flash_attn is None else flash_attn
@@ -44,6 +45,7 @@ class EngineProcess:
             parallel=parallel, n_batch=256, threads=load_config().engine.threads, n_gpu_layers=d.n_gpu_layers,
             flash_attn=flash_attn, backend=backend.name,
             draft_model=str(draft_model) if draft_model else None, spec_threshold=spec_threshold,
+            spec_adaptive=spec_adaptive, prompt_cache_mib=prompt_cache_mib,
         )  # fmt: skip
         self.proc = subprocess.Popen(
             list(cmd.argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

@@ -1,0 +1,113 @@
+"""When a speculative window pays, and how long it should be (DESIGN.md, "Speculative
+decoding", adaptive).
+
+A window of k drafts adds k rows to a decode step. What a row costs is measured, not
+assumed: ``StepCost`` fits the seconds of each decode-and-sample step against the rows it
+held. On a GPU a row costs next to nothing until the batch is large; on a CPU, whose
+matrix kernels are compute-bound, a step of five rows takes more than three times one of
+one row, so a window pays only when most of it is kept. What a draft is worth is
+measured too: ``Acceptance`` tracks the chance that a draft token is kept after those
+before it were, from real windows and from drafts that were only recorded and then
+checked against the tokens the slot went on to emit ("shadow" drafts, which cost no
+decode). ``window_size`` then picks the k that maximises the expected tokens per second
+of the step, and 0 when no window beats an ordinary step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+MARGIN = 1.03
+
+
+def expected_kept(alpha: Any, k: int) -> Any:
+    """Expected drafts kept from a window of k, each kept with probability ``alpha`` once
+    those before it were (the run stops at the first miss)."""
+    if alpha >= 1:
+        return k
+    return alpha * (1 - alpha**k) / (1 - alpha)
+
+
+def window_size(alpha: float, k_max: int, seconds: Callable[[int], float], rows: int, tokens: float) -> int:
+    """The number of drafts (0..k_max) that maximises a step's expected tokens per second.
+
+    The step holds ``rows`` rows so far, expected to yield ``tokens`` tokens; a window of
+    k drafts adds k rows and ``expected_kept(alpha, k)`` tokens; ``seconds(n)`` is what a
+    step of n rows takes. 0 means the step is best left as it is: a window must promise
+    ``MARGIN`` times its rate, since step times are measured amid the machine's noise.
+    """
+    best_k, best = 0, MARGIN * tokens / seconds(rows)
+    for k in range(1, k_max + 1):
+        rate = (tokens + expected_kept(alpha, k)) / seconds(rows + k)
+        if rate > best:
+            best_k, best = k, rate
+    return best_k
+
+
+class StepCost:
+    """Seconds per decode step by the rows it holds: a moving average per row count, read
+    between and beyond the measured counts along straight lines."""
+
+    def __init__(self, decay: float = 0.8) -> None:
+        self.decay = decay
+        self.measured: dict[int, float] = {}
+
+    def add(self, rows: int, seconds: float) -> None:
+        prev = self.measured.get(rows)
+        self.measured[rows] = seconds if prev is None else self.decay * prev + (1 - self.decay) * seconds
+
+    def seconds(self, rows: int) -> float:
+        """A step of ``rows`` rows; until two row counts were measured every step looks
+        alike (1.0), so windows run and get measured."""
+        if len(self.measured) < 2:
+            return 1.0
+        x = np.array(sorted(self.measured), dtype=np.float64)
+        # more rows never cost less: a noisy average must not make a window look free
+        y = np.maximum.accumulate([self.measured[int(r)] for r in x])
+        if rows <= x[-1]:
+            return float(np.interp(rows, x, y, left=y[0] * rows / x[0]))
+        slope = max((y[-1] - y[0]) / (x[-1] - x[0]), 0.0)
+        return float(y[-1] + slope * (rows - x[-1]))
+
+
+@dataclass
+class Acceptance:
+    """The chance a draft token is kept once its predecessors were: kept drafts over tested
+    ones (a run's first miss is tested, the rest of the window after it is not), each
+    older test weighing ``decay`` times the next, so it remembers some ten tokens. Starts
+    at one kept of two tested: a coin flip."""
+
+    kept: float = 1.0
+    tested: float = 2.0
+    decay: float = 0.9
+
+    @property
+    def alpha(self) -> float:
+        return self.kept / self.tested
+
+    def observe(self, offered: int, kept: int) -> None:
+        tested = kept + (1 if kept < offered else 0)
+        fade = self.decay**tested
+        self.kept = fade * self.kept + kept
+        self.tested = fade * self.tested + tested
+
+
+@dataclass
+class Shadow:
+    """A draft recorded instead of decoded: ``tokens`` proposed to sit at ``start`` onward
+    in the slot's stream. ``check`` scores it once the stream shows a miss or runs past it."""
+
+    start: int
+    tokens: list[int]
+
+    def check(self, stream: Sequence[int]) -> int | None:
+        """How many of the tokens the stream kept, or None while it cannot tell yet."""
+        seen = stream[self.start : self.start + len(self.tokens)]
+        kept = 0
+        while kept < len(seen) and seen[kept] == self.tokens[kept]:
+            kept += 1
+        return kept if kept < len(seen) or len(seen) == len(self.tokens) else None

@@ -1,0 +1,65 @@
+"""Prompt caches kept in host memory after their slot moved on to another request.
+
+A slot keeps its cache when its request ends, and the next request that shares a prefix
+with it reuses it. With more distinct prompts (users, conversations) than slots, a slot
+taken by a new prompt would lose a cache that a later request could have used: before
+that happens the scheduler saves the slot's sequence state here, and a request whose
+prompt shares more with a saved state than with any slot loads it instead of prefilling.
+Entries are opaque state blobs (llama_state_seq_get_data) with the tokens they hold; the
+least recently used go first once the entries exceed their byte budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from strata_core.engine.speculative import common_prefix
+
+
+@dataclass
+class Saved:
+    tokens: list[int]
+    state: np.ndarray  # uint8
+
+
+class SavedPrompts:
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity = capacity_bytes
+        self.entries: list[Saved] = []  # least recently used first
+        self.size = 0
+
+    def longest(self, prompt: Sequence[int]) -> tuple[Saved | None, int]:
+        """The entry sharing the longest prefix with ``prompt``, and that length."""
+        best, n = None, 0
+        for e in self.entries:
+            m = common_prefix(e.tokens, prompt)
+            if m > n:
+                best, n = e, m
+        return best, n
+
+    def holds(self, tokens: Sequence[int]) -> bool:
+        """Whether an entry already holds all of ``tokens`` (as its own or as a prefix)."""
+        return any(len(e.tokens) >= len(tokens) and common_prefix(e.tokens, tokens) == len(tokens) for e in self.entries)
+
+    def use(self, entry: Saved) -> None:
+        """Mark ``entry`` most recently used."""
+        self.entries.remove(entry)
+        self.entries.append(entry)
+
+    def add(self, tokens: Sequence[int], state: np.ndarray) -> None:
+        """Keep ``state`` for ``tokens``; entries it holds all of (a prefix of it) go."""
+        if state.nbytes > self.capacity:
+            return
+        for e in [e for e in self.entries if common_prefix(e.tokens, tokens) == len(e.tokens)]:
+            self._drop(e)
+        self.entries.append(Saved(list(tokens), state))
+        self.size += state.nbytes
+        while self.size > self.capacity:
+            self._drop(self.entries[0])
+
+    def _drop(self, entry: Saved) -> None:
+        self.entries.remove(entry)
+        self.size -= entry.state.nbytes

@@ -1,0 +1,124 @@
+"""The adaptive speculation policy: when a window pays and how long it is."""
+
+from __future__ import annotations
+
+import random
+from fractions import Fraction
+
+import pytest
+
+from strata_core.engine.adaptive import Acceptance, Shadow, StepCost, expected_kept, window_size
+
+
+@pytest.mark.parametrize("alpha", [Fraction(0), Fraction(1, 3), Fraction(1, 2), Fraction(9, 10), Fraction(1)])
+@pytest.mark.parametrize("k", [0, 1, 2, 4])
+def test_expected_kept_sums_the_run_probabilities(alpha: Fraction, k: int) -> None:
+    # P(the first j drafts are all kept) = alpha**j, and E[kept] sums them over j = 1..k
+    assert expected_kept(alpha, k) == sum(alpha**j for j in range(1, k + 1))  # type: ignore[arg-type]
+
+
+def test_expected_kept_matches_simulated_runs() -> None:
+    rng = random.Random(7)
+    alpha, k, n = 0.7, 4, 40_000
+    total = 0
+    for _ in range(n):
+        kept = 0
+        while kept < k and rng.random() < alpha:
+            kept += 1
+        total += kept
+    assert abs(total / n - expected_kept(alpha, k)) < 0.03
+
+
+def free(rows: int) -> float:
+    return 1.0
+
+
+def proportional(rows: int) -> float:
+    return 0.012 * rows
+
+
+def two_cpu_cores(rows: int) -> float:  # the default model, measured: 1 row 11.6 ms, 5 rows 39 ms
+    return 0.0116 + 0.00685 * (rows - 1)
+
+
+def test_free_rows_take_the_longest_window() -> None:
+    assert window_size(alpha=0.2, k_max=6, seconds=free, rows=1, tokens=1) == 6
+
+
+def test_rows_costing_as_much_as_a_step_never_pay() -> None:
+    # a window of k costs k more steps and keeps fewer than k drafts on average
+    for alpha in (0.1, 0.5, 0.9, 0.99):
+        assert window_size(alpha, 8, proportional, rows=1, tokens=1) == 0
+        assert window_size(alpha, 8, proportional, rows=4, tokens=4) == 0
+
+
+def test_a_compute_bound_step_pays_only_for_likely_drafts() -> None:
+    assert window_size(0.3, 4, two_cpu_cores, rows=1, tokens=1) == 0
+    assert window_size(0.8, 4, two_cpu_cores, rows=1, tokens=1) in (1, 2)
+    assert window_size(0.97, 4, two_cpu_cores, rows=1, tokens=1) == 4
+    # beside three other slots the fixed part of the step is already shared
+    assert window_size(0.8, 4, two_cpu_cores, rows=4, tokens=4) == 0
+
+
+def test_a_window_must_beat_the_windows_before_it() -> None:
+    # the step already holds a long window expected to keep most of it
+    alone = window_size(0.7, 4, two_cpu_cores, rows=1, tokens=1)
+    after = window_size(0.7, 4, two_cpu_cores, rows=6, tokens=4.5)
+    assert alone > 0 and after < alone
+
+
+def test_step_cost_knows_nothing_from_one_row_count() -> None:
+    cost = StepCost()
+    assert cost.seconds(1) == cost.seconds(9) == 1.0
+    cost.add(1, 0.012)
+    assert cost.seconds(1) == cost.seconds(9) == 1.0
+
+
+def test_step_cost_reads_between_and_beyond_what_it_measured() -> None:
+    cost = StepCost()
+    cost.add(1, 0.010)
+    cost.add(3, 0.014)
+    cost.add(5, 0.030)
+    assert cost.seconds(2) == pytest.approx(0.012)
+    assert cost.seconds(4) == pytest.approx(0.022)
+    assert cost.seconds(9) == pytest.approx(0.030 + 0.005 * 4)
+
+
+def test_step_cost_never_falls_with_more_rows() -> None:
+    cost = StepCost()
+    cost.add(1, 0.010)
+    cost.add(2, 0.008)  # noise
+    assert cost.seconds(2) == pytest.approx(0.010)
+
+
+def test_step_cost_follows_a_changing_machine() -> None:
+    cost = StepCost(decay=0.5)
+    cost.add(1, 0.010)
+    cost.add(3, 0.030)
+    for _ in range(30):  # the same steps get cheap per row
+        cost.add(1, 0.010)
+        cost.add(3, 0.0102)
+    assert cost.seconds(3) < 0.0103
+
+
+def test_acceptance_counts_the_first_miss_and_forgets_slowly() -> None:
+    acc = Acceptance()
+    assert acc.alpha == 0.5
+    for _ in range(20):
+        acc.observe(offered=4, kept=4)
+    assert acc.alpha > 0.95
+    for _ in range(20):
+        acc.observe(offered=4, kept=0)
+    assert acc.alpha < 0.2
+    fresh = Acceptance(kept=0.0, tested=0.0, decay=1.0)
+    fresh.observe(offered=4, kept=2)  # kept, kept, missed; the fourth was never tested
+    assert fresh.alpha == pytest.approx(2 / 3)
+
+
+def test_shadow_waits_for_the_stream_then_scores() -> None:
+    sh = Shadow(start=3, tokens=[7, 8, 9])
+    assert sh.check([1, 2, 3]) is None
+    assert sh.check([1, 2, 3, 7, 8]) is None  # all kept so far, and two of three seen
+    assert sh.check([1, 2, 3, 7, 8, 9]) == 3
+    assert sh.check([1, 2, 3, 7, 5]) == 1  # a miss ends the run at once
+    assert sh.check([1, 2, 3, 4]) == 0
