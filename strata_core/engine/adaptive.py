@@ -15,11 +15,11 @@ of the step, and 0 when no window beats an ordinary step.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 MARGIN = 1.03
 
@@ -50,28 +50,36 @@ def window_size(alpha: float, k_max: int, seconds: Callable[[int], float], rows:
 
 class StepCost:
     """Seconds per decode step by the rows it holds: a moving average per row count, read
-    between and beyond the measured counts along straight lines."""
+    between and beyond the measured counts along straight lines. Asked a few times per
+    slot and step, so it answers from a table rebuilt when a step is added."""
 
     def __init__(self, decay: float = 0.8) -> None:
         self.decay = decay
         self.measured: dict[int, float] = {}
+        self._rows: list[int] = []  # measured row counts, ascending
+        self._secs: list[float] = []  # their averages, made non-decreasing
 
     def add(self, rows: int, seconds: float) -> None:
         prev = self.measured.get(rows)
         self.measured[rows] = seconds if prev is None else self.decay * prev + (1 - self.decay) * seconds
+        self._rows = sorted(self.measured)
+        # more rows never cost less: a noisy average must not make a window look free
+        self._secs = list(itertools.accumulate((self.measured[r] for r in self._rows), max))
 
     def seconds(self, rows: int) -> float:
         """A step of ``rows`` rows; until two row counts were measured every step looks
         alike (1.0), so windows run and get measured."""
-        if len(self.measured) < 2:
+        xs, ys = self._rows, self._secs
+        if len(xs) < 2:
             return 1.0
-        x = np.array(sorted(self.measured), dtype=np.float64)
-        # more rows never cost less: a noisy average must not make a window look free
-        y = np.maximum.accumulate([self.measured[int(r)] for r in x])
-        if rows <= x[-1]:
-            return float(np.interp(rows, x, y, left=y[0] * rows / x[0]))
-        slope = max((y[-1] - y[0]) / (x[-1] - x[0]), 0.0)
-        return float(y[-1] + slope * (rows - x[-1]))
+        if rows <= xs[0]:
+            return ys[0] * rows / xs[0]
+        i = bisect.bisect_left(xs, rows)
+        if i == len(xs):  # beyond the largest: along the line through the ends
+            slope = (ys[-1] - ys[0]) / (xs[-1] - xs[0])
+            return ys[-1] + slope * (rows - xs[-1])
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return y1 if x1 == rows else y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
 
 
 @dataclass
