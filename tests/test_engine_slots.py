@@ -71,6 +71,9 @@ def test_a_prompt_whose_slot_moved_on_is_loaded_from_host_memory(
         first = shared + tokenize(e, " Question: what is a lighthouse?")[1:]
         ref, cached = outcome(e.run("ref", first, max_tokens=12))
         assert cached == 0
+        # asked again (a conversation going on): its cache was reused, so it is worth saving
+        _, cached = outcome(e.run("reused", first, max_tokens=12))
+        assert cached >= len(first) - 1
         # the only slot moves on to a prompt sharing nothing with the first
         outcome(e.run("other", tokenize(e, "Write a haiku about the sea. " * 8), max_tokens=4))
         got, cached = outcome(e.run("again", first, max_tokens=12))

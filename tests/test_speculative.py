@@ -22,11 +22,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from strata_core.engine import philox
 from strata_core.engine.speculative import (
     NULL,
     STREAM_PROPOSE,
+    NgramIndex,
     WindowResult,
     WindowUniforms,
     accepts,
@@ -561,3 +564,21 @@ def test_ngram_long_context_is_fast_and_agrees_with_a_plain_scan() -> None:
                 expected = tokens[starts[-1] + n : starts[-1] + n + 5]
                 break
         assert ngram_draft(tokens, k=5) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 4), max_size=60),
+    st.integers(0, 6),
+    st.integers(1, 4),
+    st.integers(1, 4),
+)
+def test_ngram_index_drafts_what_the_scan_drafts_as_the_stream_grows(
+    tokens: list[int], k: int, n_max: int, n_min: int
+) -> None:
+    n_min = min(n_min, n_max)
+    index = NgramIndex(tokens[:5], n_max=n_max, n_min=n_min)
+    for i in range(5, len(tokens) + 1):
+        assert index.draft(k) == ngram_draft(tokens[:i], k, n_max=n_max, n_min=n_min)
+        if i < len(tokens):
+            index.append(tokens[i])

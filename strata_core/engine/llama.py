@@ -126,6 +126,10 @@ class Llama:
         if rc != 0:
             raise LlamaError(f"llama_decode failed with {rc}")
 
+    def synchronize(self) -> None:
+        """Wait for the device to finish what was decoded (decodes may run asynchronously)."""
+        ll.llama_synchronize(self.ctx)
+
     def warm_up(self) -> None:
         """Decode a short prompt and then one token in sequence 0, and forget them.
 

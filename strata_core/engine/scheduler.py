@@ -30,7 +30,7 @@ from strata_core.engine.sampler import (
     sample,
     top_logprobs,
 )
-from strata_core.engine.speculative import Proposal, common_prefix, ngram_draft, verify_proposal
+from strata_core.engine.speculative import NgramIndex, Proposal, common_prefix, verify_proposal
 
 Emit = Callable[[proto.Event], None]
 
@@ -56,6 +56,7 @@ class Request:
     accepted: int = 0
     acceptance: Acceptance = field(default_factory=Acceptance)  # of n-gram drafts, real or shadow
     shadow: Shadow | None = None  # an n-gram draft recorded instead of decoded
+    ngrams: NgramIndex | None = None  # n-gram speculation: the prompt and emitted tokens
     t_arrive: float = field(default_factory=time.perf_counter)
     t_first: float = 0.0
 
@@ -67,6 +68,7 @@ class Slot:
     req: Request | None = None
     pending: list[int] = field(default_factory=list)  # prompt tokens still to decode
     last: int | None = None  # sampled, not yet decoded
+    reused: bool = False  # its request started from a cached prefix worth keeping
     spec_wait: int = 0  # draft model: decode steps left before this slot drafts again
     spec_misses: int = 0  # draft model: windows in a row that accepted nothing
 
@@ -95,6 +97,10 @@ class Scheduler:
         self.batch = Batch(max(llama.n_batch, llama.n_seq))
         self.cost = StepCost()  # seconds per decode-and-sample step by rows
         self.saved = SavedPrompts(saved_bytes)  # slot caches kept in host memory
+        # Measured: seconds to prefill one prompt token, and to copy a sequence's cache
+        # (through host memory); None until seen. A copy must cost less than its prefill.
+        self.prefill_secs: float | None = None
+        self.copy_secs: float | None = None
         self.adaptive = adaptive  # False: an n-gram window at every match (rows taken as free)
 
     # ---- requests -------------------------------------------------------------------
@@ -151,14 +157,16 @@ class Scheduler:
             # a burst of new requests shares, or host memory may: start from a copy.
             donor = max(self.slots, key=lambda s: shared[s.seq])
             saved, n_saved = self.saved.longest(prompt)
-            if max(shared[donor.seq], n_saved) - have >= COPY_MIN_GAIN:
+            if self._worth_copying(max(shared[donor.seq], n_saved) - have):
                 self._save(slot, 0)
+                t0 = time.perf_counter()
                 if shared[donor.seq] >= n_saved:
                     ok, tokens, n = self.llama.seq_copy(donor.seq, slot.seq), donor.cached, shared[donor.seq]
                 else:
                     assert saved is not None
                     self.saved.use(saved)
                     ok, tokens, n = self.llama.seq_load(slot.seq, saved.state), saved.tokens, n_saved
+                self.copy_secs = _average(self.copy_secs, time.perf_counter() - t0)
                 slot.cached, have = (list(tokens), n) if ok else ([], 0)
             # The last prompt token is decoded like a generated one, in a decode step:
             # its logits then come from the same kernels whether or not the prefix was
@@ -169,13 +177,25 @@ class Scheduler:
             slot.cached = slot.cached[:keep]
             slot.pending = prompt[keep:-1]
             slot.req, slot.last = req, prompt[-1]
+            slot.reused = keep >= COPY_MIN_GAIN
             req.cached = keep
 
+    def _worth_copying(self, tokens: int) -> bool:
+        """Whether copying a cache beats prefilling ``tokens`` of it (measured costs)."""
+        if tokens < COPY_MIN_GAIN:
+            return False
+        return self.prefill_secs is None or self.copy_secs is None or tokens * self.prefill_secs > self.copy_secs
+
     def _save(self, slot: Slot, keep: int) -> None:
-        """Save the slot's cache to host memory before it shrinks to ``keep`` tokens, when
-        that loses enough to be worth a later load and host memory does not hold it yet."""
-        if len(slot.cached) - keep >= COPY_MIN_GAIN and not self.saved.holds(slot.cached):
+        """Save the slot's cache to host memory before it shrinks to ``keep`` tokens. Only
+        a cache its request reused (a conversation, a shared system prompt) is likely to be
+        asked for again, and only one whose prefill costs more than saving it is saved."""
+        if not (slot.reused and self.saved.capacity and self._worth_copying(len(slot.cached) - keep)):
+            return
+        if not self.saved.holds(slot.cached):
+            t0 = time.perf_counter()
             state = self.llama.seq_save(slot.seq)
+            self.copy_secs = _average(self.copy_secs, time.perf_counter() - t0)
             if state is not None:
                 self.saved.add(slot.cached, state)
 
@@ -206,7 +226,10 @@ class Scheduler:
             if not slot.pending:  # prefilled: its last prompt token decodes below
                 decoding.append(slot)
         if batch.n:
+            t0 = time.perf_counter()
             self.llama.decode(batch)
+            self.llama.synchronize()
+            self.prefill_secs = _average(self.prefill_secs, (time.perf_counter() - t0) / batch.n)
         shared = [s for s in decoding if s.req is not None and not s.req.isolate]
         groups = [shared] if shared else []
         groups += [[s] for s in decoding if s.req is not None and s.req.isolate]
@@ -248,17 +271,19 @@ class Scheduler:
             assert req is not None and slot.last is not None
             if not k:
                 continue
-            context = [*slot.cached, slot.last]
             if req.spec_draft and self.drafter is not None and req.grammar is None:
                 if slot.spec_wait:  # backing off after windows that kept nothing
                     slot.spec_wait -= 1
                 elif len(decoding) <= SPEC_MAX_SLOTS:
-                    jobs.append(DraftJob(slot.seq, context, k, req.params))
+                    jobs.append(DraftJob(slot.seq, [*slot.cached, slot.last], k, req.params))
                 continue
-            if req.shadow is not None and (kept := req.shadow.check(context)) is not None:
+            if req.ngrams is None:  # the stream so far: the prompt, then emitted tokens
+                req.ngrams = NgramIndex([*slot.cached, slot.last])
+            stream = req.ngrams.tokens
+            if req.shadow is not None and (kept := req.shadow.check(stream)) is not None:
                 req.acceptance.observe(len(req.shadow.tokens), kept)
                 req.shadow = None
-            tokens = ngram_draft(context, k)
+            tokens = req.ngrams.draft(k)
             if req.grammar is not None:  # a token the grammar forbids can never be kept
                 tokens = tokens[: req.grammar.valid_prefix(tokens)]
             if not tokens:
@@ -269,7 +294,7 @@ class Scheduler:
                 out[slot.seq] = Proposal(tokens[:k])
                 rows, expect = rows + k, expect + expected_kept(alpha, k)
             elif req.shadow is None:  # not worth a window now: learn what it would have kept
-                req.shadow = Shadow(len(context), tokens)
+                req.shadow = Shadow(len(stream), tokens)
         if jobs:
             assert self.drafter is not None
             props = zip(jobs, self.drafter.propose(jobs), strict=True)
@@ -365,6 +390,8 @@ class Scheduler:
             self._fail(slot, f"grammar refused token {tok}: {req.grammar.error}")
             return None
         self.emit(proto.Token(req.rid, tok))
+        if req.ngrams is not None:
+            req.ngrams.append(tok)
         if req.logprobs is not None:
             if req.logprobs_processed:
                 lps, top = processed_logprobs(row, req.logprobs, params, history, mask)
@@ -381,3 +408,7 @@ class Scheduler:
             return None
         return tok
 
+
+def _average(prev: float | None, value: float, decay: float = 0.8) -> float:
+    """A moving average that starts at its first value."""
+    return value if prev is None else decay * prev + (1 - decay) * value

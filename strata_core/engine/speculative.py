@@ -94,6 +94,38 @@ def ngram_draft(
     return [int(t) for t in a[e + 1 : e + 1 + k]]
 
 
+class NgramIndex:
+    """``ngram_draft`` over a stream that grows a token at a time, in constant time per
+    token: for each n, where the latest occurrence of each n-gram that some token
+    followed ends. The scheduler keeps one per request (prompt, then emitted tokens)."""
+
+    def __init__(self, tokens: Sequence[int] = (), n_max: int = 3, n_min: int = 1) -> None:
+        if not 1 <= n_min <= n_max:
+            raise ValueError(f"n_min={n_min}, n_max={n_max} are out of range: expected 1 <= n_min <= n_max")
+        self.tokens: list[int] = []
+        self.n_max, self.n_min = n_max, n_min
+        self._ends: list[dict[tuple[int, ...], int]] = [{} for _ in range(n_max + 1)]
+        for t in tokens:
+            self.append(t)
+
+    def append(self, token: int) -> None:
+        t, p = self.tokens, len(self.tokens) - 1  # the n-grams ending at p now have a follower
+        for n in range(1, min(self.n_max, p + 1) + 1):
+            self._ends[n][tuple(t[p - n + 1 : p + 1])] = p
+        t.append(int(token))
+
+    def draft(self, k: int) -> list[int]:
+        """What ``ngram_draft(self.tokens, k, n_max, n_min)`` returns."""
+        t = self.tokens
+        if k <= 0 or len(t) <= self.n_min:
+            return []
+        for n in range(min(self.n_max, len(t)), self.n_min - 1, -1):
+            end = self._ends[n].get(tuple(t[len(t) - n :]))
+            if end is not None:
+                return t[end + 1 : end + 1 + k]
+        return []
+
+
 def verify_exact(target_samples: Sequence[int], draft: Sequence[int]) -> int:
     """How many draft tokens equal the target's own samples at their rows, in order.
 
