@@ -67,18 +67,39 @@ def test_a_window_must_beat_the_windows_before_it() -> None:
     assert alone > 0 and after < alone
 
 
+def measure(cost: StepCost, rows: int, seconds: float, first: float | None = None) -> None:
+    """A row count's first step (set-up, not counted), then a step of ``seconds``."""
+    cost.add(rows, seconds if first is None else first)
+    cost.add(rows, seconds)
+
+
 def test_step_cost_knows_nothing_from_one_row_count() -> None:
     cost = StepCost()
     assert cost.seconds(1) == cost.seconds(9) == 1.0
-    cost.add(1, 0.012)
+    measure(cost, 1, 0.012)
     assert cost.seconds(1) == cost.seconds(9) == 1.0
+
+
+def test_step_cost_leaves_out_each_row_counts_first_step() -> None:
+    cost = StepCost()
+    measure(cost, 1, 0.010, first=0.5)  # a first CUDA graph capture, say
+    measure(cost, 5, 0.012, first=0.9)
+    assert cost.seconds(1) == pytest.approx(0.010) and cost.seconds(5) == pytest.approx(0.012)
+
+
+def test_one_slow_step_at_most_doubles_an_average() -> None:
+    cost = StepCost(decay=0.5)
+    measure(cost, 1, 0.010)
+    measure(cost, 2, 0.011)
+    cost.add(2, 1.0)  # the machine hiccuped
+    assert cost.seconds(2) == pytest.approx(0.5 * 0.011 + 0.5 * 0.022)
 
 
 def test_step_cost_reads_between_and_beyond_what_it_measured() -> None:
     cost = StepCost()
-    cost.add(1, 0.010)
-    cost.add(3, 0.014)
-    cost.add(5, 0.030)
+    measure(cost, 1, 0.010)
+    measure(cost, 3, 0.014)
+    measure(cost, 5, 0.030)
     assert cost.seconds(2) == pytest.approx(0.012)
     assert cost.seconds(4) == pytest.approx(0.022)
     assert cost.seconds(9) == pytest.approx(0.030 + 0.005 * 4)
@@ -86,15 +107,15 @@ def test_step_cost_reads_between_and_beyond_what_it_measured() -> None:
 
 def test_step_cost_never_falls_with_more_rows() -> None:
     cost = StepCost()
-    cost.add(1, 0.010)
-    cost.add(2, 0.008)  # noise
+    measure(cost, 1, 0.010)
+    measure(cost, 2, 0.008)  # noise
     assert cost.seconds(2) == pytest.approx(0.010)
 
 
 def test_step_cost_follows_a_changing_machine() -> None:
     cost = StepCost(decay=0.5)
-    cost.add(1, 0.010)
-    cost.add(3, 0.030)
+    measure(cost, 1, 0.010)
+    measure(cost, 3, 0.030)
     for _ in range(30):  # the same steps get cheap per row
         cost.add(1, 0.010)
         cost.add(3, 0.0102)

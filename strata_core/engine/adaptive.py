@@ -51,17 +51,28 @@ def window_size(alpha: float, k_max: int, seconds: Callable[[int], float], rows:
 class StepCost:
     """Seconds per decode step by the rows it holds: a moving average per row count, read
     between and beyond the measured counts along straight lines. Asked a few times per
-    slot and step, so it answers from a table rebuilt when a step is added."""
+    slot and step, so it answers from a table rebuilt when a step is added.
+
+    The first step of each row count is not counted: a batch shape the device has not run
+    yet pays for its set-up (CUDA graphs, kernel choice), many times a later step, and an
+    average seeded with it would keep windows of that size away for good. For the same
+    reason one step can at most double an average."""
 
     def __init__(self, decay: float = 0.8) -> None:
         self.decay = decay
         self.measured: dict[int, float] = {}
+        self._seen: set[int] = set()  # row counts whose first step went by
         self._rows: list[int] = []  # measured row counts, ascending
         self._secs: list[float] = []  # their averages, made non-decreasing
 
     def add(self, rows: int, seconds: float) -> None:
+        if rows not in self._seen:
+            self._seen.add(rows)
+            return
         prev = self.measured.get(rows)
-        self.measured[rows] = seconds if prev is None else self.decay * prev + (1 - self.decay) * seconds
+        if prev is not None:
+            seconds = self.decay * prev + (1 - self.decay) * min(seconds, 2 * prev)
+        self.measured[rows] = seconds
         self._rows = sorted(self.measured)
         # more rows never cost less: a noisy average must not make a window look free
         self._secs = list(itertools.accumulate((self.measured[r] for r in self._rows), max))
