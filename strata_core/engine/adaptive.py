@@ -2,7 +2,7 @@
 decoding", adaptive).
 
 A window of k drafts adds k rows to a decode step. What a row costs is measured, not
-assumed: ``StepCost`` fits the seconds of each decode-and-sample step against the rows it
+assumed: ``StepCost`` averages the seconds of each decode-and-sample step by the rows it
 held. On a GPU a row costs next to nothing until the batch is large; on a CPU, whose
 matrix kernels are compute-bound, a step of five rows takes more than three times one of
 one row, so a window pays only when most of it is kept. What a draft is worth is
