@@ -212,7 +212,10 @@ class Scheduler:
         self._admit()
         batch = self.batch
         decoding = [s for s in self.slots if s.req is not None and s.last is not None and not s.pending]
-        drafts = self._drafts(decoding)
+        # No windows while a request waits for its first token: its first row shares the
+        # decode with the windows, and time to first token matters more than a draft.
+        waiting_first = any(s.req is not None and not s.req.generated for s in self.slots)
+        drafts = {} if waiting_first else self._drafts(decoding)
         budget = batch.capacity - sum(1 + len(drafts[s.seq].offered) if s.seq in drafts else 1 for s in decoding)
         batch.clear()
         for slot in self.slots:
