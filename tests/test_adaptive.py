@@ -143,3 +143,18 @@ def test_shadow_waits_for_the_stream_then_scores() -> None:
     assert sh.check([1, 2, 3, 7, 8, 9]) == 3
     assert sh.check([1, 2, 3, 7, 5]) == 1  # a miss ends the run at once
     assert sh.check([1, 2, 3, 4]) == 0
+
+
+def test_config_reaches_the_engine_command() -> None:
+    from strata_core.config import load_config
+    from strata_core.engine.__main__ import parse_args
+    from strata_core.reader import engine_command
+
+    cfg = load_config(None, env={"STRATA_SPECULATIVE_ADAPTIVE": "false", "STRATA_ENGINE_PROMPT_CACHE_MIB": "64"})
+    assert (cfg.speculative.adaptive, cfg.engine.prompt_cache_mib) == (False, 64)
+    common = dict(site="", env={}, n_ctx=64, parallel=1, n_batch=16, threads=None, n_gpu_layers=0, flash_attn=None, backend="cpu")
+    fixed = engine_command("m.gguf", spec_adaptive=False, prompt_cache_mib=64, **common).argv  # type: ignore[arg-type]
+    args = parse_args(list(fixed[3:]))
+    assert args.spec_fixed and args.prompt_cache_mib == 64
+    default = parse_args(list(engine_command("m.gguf", **common).argv[3:]))  # type: ignore[arg-type]
+    assert not default.spec_fixed and default.prompt_cache_mib == 256
