@@ -35,7 +35,6 @@ from strata_core.engine.speculative import (
     accepts,
     admitted,
     draw,
-    ngram_draft,
     propose,
     residual,
     retained_measure,
@@ -525,6 +524,42 @@ def test_monte_carlo_rejects_the_naive_rule() -> None:
 # ---------------------------------------------------------------- (c) n-gram drafter
 
 
+def ngram_draft(tokens: Sequence[int] | np.ndarray, k: int, n_max: int = 3, n_min: int = 1) -> list[int]:
+    """What the scheduler drafts: an index over the whole stream."""
+    return NgramIndex([int(x) for x in tokens], n_max=n_max, n_min=n_min).draft(k)
+
+
+def scan_draft(
+    tokens: Sequence[int] | np.ndarray, k: int, n_max: int = 3, n_min: int = 1
+) -> list[int]:
+    """The n-gram draft by its definition, scanning the whole stream: the reference
+    ``NgramIndex`` must agree with as the stream grows."""
+    if k < 0:
+        raise ValueError(f"k={k} is out of range: expected >= 0")
+    if not 1 <= n_min <= n_max:
+        raise ValueError(
+            f"n_min={n_min}, n_max={n_max} are out of range: expected 1 <= n_min <= n_max"
+        )
+    a = np.asarray(tokens, dtype=np.int64)
+    if k == 0 or a.size <= n_min:
+        return []
+    last = a.size - 1
+    ends = np.flatnonzero(a[:last] == a[last])  # earlier occurrences of the last token
+    n = 1
+    while n < n_max and ends.size:  # keep those that also match one more token back
+        longer = ends[ends >= n]
+        longer = longer[a[longer - n] == a[last - n]]
+        if not longer.size:
+            break
+        ends, n = longer, n + 1
+    if n < n_min or not ends.size:
+        return []
+    e = int(ends[-1])  # the most recent
+    return [int(t) for t in a[e + 1 : e + 1 + k]]
+
+
+
+
 def test_ngram_finds_the_most_recent_match() -> None:
     assert ngram_draft([1, 2, 9, 1, 2, 8, 5, 1, 2], k=2) == [8, 5]
     assert ngram_draft(np.array([7, 3, 4, 7, 5, 6, 7]), k=3, n_max=1) == [5, 6, 7]
@@ -579,6 +614,6 @@ def test_ngram_index_drafts_what_the_scan_drafts_as_the_stream_grows(
     n_min = min(n_min, n_max)
     index = NgramIndex(tokens[:5], n_max=n_max, n_min=n_min)
     for i in range(5, len(tokens) + 1):
-        assert index.draft(k) == ngram_draft(tokens[:i], k, n_max=n_max, n_min=n_min)
+        assert index.draft(k) == scan_draft(tokens[:i], k, n_max=n_max, n_min=n_min)
         if i < len(tokens):
             index.append(tokens[i])

@@ -65,39 +65,11 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return int(diff[0]) if len(diff) else n
 
 
-def ngram_draft(
-    tokens: Sequence[int] | np.ndarray, k: int, n_max: int = 3, n_min: int = 1
-) -> list[int]:
-    """Up to k tokens that followed the most recent earlier occurrence of the longest
-    suffix n-gram of tokens (n from n_max down to n_min); [] when none occurs."""
-    if k < 0:
-        raise ValueError(f"k={k} is out of range: expected >= 0")
-    if not 1 <= n_min <= n_max:
-        raise ValueError(
-            f"n_min={n_min}, n_max={n_max} are out of range: expected 1 <= n_min <= n_max"
-        )
-    a = np.asarray(tokens, dtype=np.int64)
-    if k == 0 or a.size <= n_min:
-        return []
-    last = a.size - 1
-    ends = np.flatnonzero(a[:last] == a[last])  # earlier occurrences of the last token
-    n = 1
-    while n < n_max and ends.size:  # keep those that also match one more token back
-        longer = ends[ends >= n]
-        longer = longer[a[longer - n] == a[last - n]]
-        if not longer.size:
-            break
-        ends, n = longer, n + 1
-    if n < n_min or not ends.size:
-        return []
-    e = int(ends[-1])  # the most recent
-    return [int(t) for t in a[e + 1 : e + 1 + k]]
-
-
 class NgramIndex:
-    """``ngram_draft`` over a stream that grows a token at a time, in constant time per
-    token: for each n, where the latest occurrence of each n-gram that some token
-    followed ends. The scheduler keeps one per request (prompt, then emitted tokens)."""
+    """N-gram (prompt lookup) drafts over a stream that grows a token at a time, in
+    constant time per token: for each n, where the latest occurrence of each n-gram that
+    some token followed ends. The scheduler keeps one per request (prompt, then emitted
+    tokens)."""
 
     def __init__(self, tokens: Sequence[int] = (), n_max: int = 3, n_min: int = 1) -> None:
         if not 1 <= n_min <= n_max:
@@ -115,7 +87,8 @@ class NgramIndex:
         t.append(int(token))
 
     def draft(self, k: int) -> list[int]:
-        """What ``ngram_draft(self.tokens, k, n_max, n_min)`` returns."""
+        """Up to k tokens that followed the most recent earlier occurrence of the longest
+        suffix n-gram of the stream (n from n_max down to n_min); [] when none occurs."""
         t = self.tokens
         if k <= 0 or len(t) <= self.n_min:
             return []
