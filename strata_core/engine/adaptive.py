@@ -24,6 +24,11 @@ from typing import Any
 MARGIN = 1.03
 
 
+def moving_average(prev: float | None, value: float, decay: float = 0.8) -> float:
+    """An exponential moving average that starts at its first value."""
+    return value if prev is None else decay * prev + (1 - decay) * value
+
+
 def expected_kept(alpha: Any, k: int) -> Any:
     """Expected drafts kept from a window of k, each kept with probability ``alpha`` once
     those before it were (the run stops at the first miss)."""
@@ -70,9 +75,7 @@ class StepCost:
             self._seen.add(rows)
             return
         prev = self.measured.get(rows)
-        if prev is not None:
-            seconds = self.decay * prev + (1 - self.decay) * min(seconds, 2 * prev)
-        self.measured[rows] = seconds
+        self.measured[rows] = moving_average(prev, seconds if prev is None else min(seconds, 2 * prev), self.decay)
         self._rows = sorted(self.measured)
         # more rows never cost less: a noisy average must not make a window look free
         self._secs = list(itertools.accumulate((self.measured[r] for r in self._rows), max))

@@ -42,7 +42,7 @@ class SavedPrompts:
 
     def holds(self, tokens: Sequence[int]) -> bool:
         """Whether an entry already holds all of ``tokens`` (as its own or as a prefix)."""
-        return any(len(e.tokens) >= len(tokens) and common_prefix(e.tokens, tokens) == len(tokens) for e in self.entries)
+        return any(_starts_with(e.tokens, tokens) for e in self.entries)
 
     def use(self, entry: Saved) -> None:
         """Mark ``entry`` most recently used."""
@@ -53,7 +53,7 @@ class SavedPrompts:
         """Keep ``state`` for ``tokens``; entries it holds all of (a prefix of it) go."""
         if state.nbytes > self.capacity:
             return
-        for e in [e for e in self.entries if common_prefix(e.tokens, tokens) == len(e.tokens)]:
+        for e in [e for e in self.entries if _starts_with(tokens, e.tokens)]:
             self._drop(e)
         self.entries.append(Saved(list(tokens), state))
         self.size += state.nbytes
@@ -63,3 +63,7 @@ class SavedPrompts:
     def _drop(self, entry: Saved) -> None:
         self.entries.remove(entry)
         self.size -= entry.state.nbytes
+
+
+def _starts_with(tokens: Sequence[int], prefix: Sequence[int]) -> bool:
+    return len(prefix) <= len(tokens) and common_prefix(tokens, prefix) == len(prefix)

@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from strata_core import protocol as proto
-from strata_core.engine.adaptive import Acceptance, Shadow, StepCost, expected_kept, window_size
+from strata_core.engine.adaptive import (
+    Acceptance,
+    Shadow,
+    StepCost,
+    expected_kept,
+    moving_average,
+    window_size,
+)
 from strata_core.engine.drafter import DraftJob, DraftModel
 from strata_core.engine.grammar import Constraint
 from strata_core.engine.llama import Batch, Llama
@@ -157,8 +164,10 @@ class Scheduler:
             # a burst of new requests shares, or host memory may: start from a copy.
             donor = max(self.slots, key=lambda s: shared[s.seq])
             saved, n_saved = self.saved.longest(prompt)
-            if self._worth_copying(max(shared[donor.seq], n_saved) - have):
-                self._save(slot, 0)
+            copying = self._worth_copying(max(shared[donor.seq], n_saved) - have)
+            # what the slot held goes to host memory first, if worth keeping
+            self._save(slot, 0 if copying else min(have, len(prompt) - 1))
+            if copying:
                 t0 = time.perf_counter()
                 if shared[donor.seq] >= n_saved:
                     ok, tokens, n = self.llama.seq_copy(donor.seq, slot.seq), donor.cached, shared[donor.seq]
@@ -166,13 +175,12 @@ class Scheduler:
                     assert saved is not None
                     self.saved.use(saved)
                     ok, tokens, n = self.llama.seq_load(slot.seq, saved.state), saved.tokens, n_saved
-                self.copy_secs = _average(self.copy_secs, time.perf_counter() - t0)
+                self.copy_secs = moving_average(self.copy_secs, time.perf_counter() - t0)
                 slot.cached, have = (list(tokens), n) if ok else ([], 0)
             # The last prompt token is decoded like a generated one, in a decode step:
             # its logits then come from the same kernels whether or not the prefix was
             # cached, so a seeded request replays exactly on every backend.
             keep = min(have, len(prompt) - 1)
-            self._save(slot, keep)
             self.llama.seq_trim(slot.seq, keep)
             slot.cached = slot.cached[:keep]
             slot.pending = prompt[keep:-1]
@@ -195,7 +203,7 @@ class Scheduler:
         if not self.saved.holds(slot.cached):
             t0 = time.perf_counter()
             state = self.llama.seq_save(slot.seq)
-            self.copy_secs = _average(self.copy_secs, time.perf_counter() - t0)
+            self.copy_secs = moving_average(self.copy_secs, time.perf_counter() - t0)
             if state is not None:
                 self.saved.add(slot.cached, state)
 
@@ -232,7 +240,7 @@ class Scheduler:
             t0 = time.perf_counter()
             self.llama.decode(batch)
             self.llama.synchronize()
-            self.prefill_secs = _average(self.prefill_secs, (time.perf_counter() - t0) / batch.n)
+            self.prefill_secs = moving_average(self.prefill_secs, (time.perf_counter() - t0) / batch.n)
         shared = [s for s in decoding if s.req is not None and not s.req.isolate]
         groups = [shared] if shared else []
         groups += [[s] for s in decoding if s.req is not None and s.req.isolate]
@@ -410,8 +418,3 @@ class Scheduler:
             self._finish(slot, "length")
             return None
         return tok
-
-
-def _average(prev: float | None, value: float, decay: float = 0.8) -> float:
-    """A moving average that starts at its first value."""
-    return value if prev is None else decay * prev + (1 - decay) * value
