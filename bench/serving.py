@@ -53,6 +53,13 @@ class Result:
     drafted: int = 0  # speculative drafts, from usage.speculative where a server reports it
     accepted: int = 0
 
+    def add(self, other: Result) -> None:
+        """Pool another run into this one."""
+        self.tokens, self.wall = self.tokens + other.tokens, self.wall + other.wall
+        self.drafted, self.accepted = self.drafted + other.drafted, self.accepted + other.accepted
+        self.ttft += other.ttft
+        self.itl += other.itl
+
 
 async def one(
     client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int, res: Result, extra: dict[str, Any] | None = None
@@ -196,11 +203,7 @@ def main() -> None:
                 for c in args.concurrency:
                     tag = None if args.repeat_prompts else f"round {rnd} c{c}"
                     r = asyncio.run(run_load(base, c, args.requests, args.max_tokens, tag))
-                    acc = pooled.setdefault(name, {}).setdefault(c, Result())
-                    acc.tokens += r.tokens
-                    acc.wall += r.wall
-                    acc.ttft += r.ttft
-                    acc.itl += r.itl
+                    pooled.setdefault(name, {}).setdefault(c, Result()).add(r)
                     rates.setdefault(name, {}).setdefault(c, []).append(r.tokens / r.wall)
                     print(f"round {rnd} {name:<17} c={c:<3} {r.tokens / r.wall:8.1f} tok/s  TTFT p50 {p50(r.ttft):7.1f} ms"
                           f"  ITL p50 {p50(r.itl):6.2f} ms  ({r.tokens} tokens)", flush=True)

@@ -77,10 +77,7 @@ WORKLOADS = {
 def pooled(runs: list[Result]) -> Result:
     out = Result()
     for r in runs:
-        out.tokens, out.wall = out.tokens + r.tokens, out.wall + r.wall
-        out.drafted, out.accepted = out.drafted + r.drafted, out.accepted + r.accepted
-        out.ttft += r.ttft
-        out.itl += r.itl
+        out.add(r)
     return out
 
 
