@@ -2,15 +2,15 @@
 unless --temperature is given).
 
     python bench/speculative.py [--requests 4] [--max-tokens 128] [--rounds 3]
-        [--modes off ngram draft] [--draft-model PATH | --draft-layers 28]
-        [--threshold 0.1] [--temperature 0]
+        [--modes off ngram draft] [--k 4 [8 ...]] [--draft-model PATH | --draft-layers 28]
+        [--threshold 0.1] [--temperature 0] [--workloads copy-heavy open-ended] [--concurrency 1 4]
 
 Workloads: copy-heavy (repeat or lightly edit a given passage or code) and open-ended,
 at concurrency 1 and 4. One server per mode runs throughout; the modes take turns within
 every round, so drift in the machine's load falls on all of them. Prints, pooled over the
 rounds: tokens/s, TTFT p50 and ITL p50 (streamed chunks) for each mode, each mode's
 ratios to off, and the acceptance (accepted / drafted tokens, from the responses' usage).
-Mode ``draft`` uses --draft-model, or else a copy of the model keeping its first
+Several --k values run one server per mode and k (``ngram/k8``). Mode ``draft`` uses --draft-model, or else a copy of the model keeping its first
 --draft-layers blocks (self-speculation sharing the vocabulary).
 """
 
@@ -97,48 +97,55 @@ def main() -> None:
     ap.add_argument("--draft-model", help="a GGUF sharing the model's vocabulary (mode draft)")
     ap.add_argument("--draft-layers", type=int, default=28, help="blocks kept when no --draft-model is given")
     ap.add_argument("--threshold", type=float, default=0.1, help="the draft model's confidence gate")
-    ap.add_argument("--k", type=int, default=4, help="most tokens one window proposes")
+    ap.add_argument("--k", type=int, nargs="+", default=[4], help="most tokens one window proposes")
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--parallel", type=int, default=4, help="slots per server")
     a = ap.parse_args()
-    modes = ["off", *(m for m in a.modes if m != "off")]
+    # (name, mode, k): one server each; "off" first, as the others' baseline
+    specs = [("off", "off", a.k[0])]
+    for m in a.modes:
+        if m != "off":
+            specs += [(m if len(a.k) == 1 else f"{m}/k{k}", m, k) for k in a.k]
+    modes = [name for name, _, _ in specs]
     extra = {"temperature": a.temperature} if a.temperature else None
     table: dict[tuple[str, str, int], list[Result]] = {}
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         draft = a.draft_model
-        if "draft" in modes and not draft:
+        if "draft" in a.modes and not draft:
             from strata_core.models import resolve_model
             from strata_core.testing.models import write_truncated
 
             draft = str(Path(tmp) / "draft.gguf")
             write_truncated(resolve_model(a.model).path, Path(draft), a.draft_layers)
         servers: dict[str, Server] = {}
-        for mode in modes:
-            cfg = Path(tmp) / f"{mode}.toml"
-            text = f'[speculative]\nmode = "{mode}"\nk = {a.k}\n'
+        for name, mode, k in specs:
+            cfg = Path(tmp) / f"{name.replace('/', '-')}.toml"
+            text = f'[speculative]\nmode = "{mode}"\nk = {k}\n'
             if mode == "draft":
                 text += f'draft_model = "{draft}"\nthreshold = {a.threshold}\n'
             cfg.write_text(text)
             args = ["--config", str(cfg), "--model", a.model, "--parallel", str(a.parallel)]
-            servers[mode] = stack.enter_context(Server(args, Path(tmp) / f"{mode}.log"))
+            servers[name] = stack.enter_context(Server(args, cfg.with_suffix(".log")))
         for rnd in range(a.rounds):
             turn = modes[rnd % len(modes) :] + modes[: rnd % len(modes)]
-            for name, prompts in WORKLOADS.items():
-                for c in (1, 4):
+            for name in a.workloads:
+                for c in a.concurrency:
                     for mode in turn:
                         r = asyncio.run(run_load(servers[mode].base, c, a.requests * c, a.max_tokens,
-                                                 prompts=prompts, extra=extra))  # fmt: skip
+                                                 prompts=WORKLOADS[name], extra=extra))  # fmt: skip
                         table.setdefault((mode, name, c), []).append(r)
-                        print(f"round {rnd} {mode:<5} {name:<10} c={c}: {line(r)}", flush=True)
+                        print(f"round {rnd} {mode:<8} {name:<10} c={c}: {line(r)}", flush=True)
     print(f"pooled over {a.rounds} rounds:")
     for (mode, name, c), runs in table.items():
-        print(f"{mode:<5} {name:<10} c={c}: {line(pooled(runs))}")
+        print(f"{mode:<8} {name:<10} c={c}: {line(pooled(runs))}")
     for mode in modes[1:]:
-        for name in WORKLOADS:
-            for c in (1, 4):
+        for name in a.workloads:
+            for c in a.concurrency:
                 on, off = pooled(table[(mode, name, c)]), pooled(table[("off", name, c)])
                 acc = on.accepted / on.drafted if on.drafted else 0.0
-                print(f"{mode:<5} {name:<10} c={c}: on/off tokens/s x{(on.tokens / on.wall) / (off.tokens / off.wall):.3f}, "
+                print(f"{mode:<8} {name:<10} c={c}: on/off tokens/s x{(on.tokens / on.wall) / (off.tokens / off.wall):.3f}, "
                       f"TTFT x{p50(on.ttft) / p50(off.ttft):.3f}, ITL x{p50(on.itl) / p50(off.itl):.3f}, "
                       f"acceptance {acc:.2f} ({on.accepted}/{on.drafted})")  # fmt: skip
 

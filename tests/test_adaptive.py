@@ -60,6 +60,32 @@ def test_a_compute_bound_step_pays_only_for_likely_drafts() -> None:
     assert window_size(0.8, 4, two_cpu_cores, rows=4, tokens=4) == 0
 
 
+def h200(rows: int) -> float:  # the default model there, measured: one kernel path up to 8 rows
+    return 0.00112 + 0.0001 * (rows - 1) if rows <= 8 else 0.0032 + 0.00003 * (rows - 9)
+
+
+def test_rows_past_the_drafts_pay_only_to_keep_the_shape() -> None:
+    # filler rows keep nothing: with a change of shape free they are never asked for
+    for costs in (free, two_cpu_cores, h200):
+        assert window_size(0.9, 7, costs, rows=1, tokens=1, drafts=2) <= 2
+    for costs in (two_cpu_cores, h200):  # (rows that cost nothing may as well stay)
+        assert window_size(0.9, 7, costs, rows=1, tokens=1, drafts=0, was=7) == 0
+    # when the shape costs 1 ms to change, a slot that had 7 rows keeps them
+    assert window_size(0.9, 7, h200, rows=1, tokens=1, drafts=0, was=7, switch=0.001) == 7
+    assert window_size(0.9, 7, h200, rows=1, tokens=1, drafts=3, was=7, switch=0.001) == 7
+    # and one without a window opens it only where the drafts pay for the change too
+    assert window_size(0.5, 7, h200, rows=1, tokens=1, drafts=1, switch=0.001) == 0
+    assert window_size(0.9, 7, h200, rows=1, tokens=1, drafts=7, switch=0.001) == 7
+
+
+def test_the_incumbent_size_wins_near_ties() -> None:
+    # sizes 3 and 4 promise nearly the same: the one the slot had stays
+    flat = window_size(0.9, 4, free, rows=1, tokens=1, was=3)
+    assert flat == 4  # free rows: 4 keeps clearly more than 3
+    near = window_size(0.2, 4, free, rows=1, tokens=1, was=3)
+    assert near == 3  # alpha 0.2: a fourth draft adds 0.2**4 = 0.0016 of a token
+
+
 def test_a_window_must_beat_the_windows_before_it() -> None:
     # the step already holds a long window expected to keep most of it
     alone = window_size(0.7, 4, two_cpu_cores, rows=1, tokens=1)
@@ -120,6 +146,26 @@ def test_step_cost_follows_a_changing_machine() -> None:
         cost.add(1, 0.010)
         cost.add(3, 0.0102)
     assert cost.seconds(3) < 0.0103
+
+
+def test_a_change_of_shape_is_priced_not_averaged_in() -> None:
+    cost = StepCost(decay=0.5)
+    measure(cost, 1, 0.0011)
+    measure(cost, 8, 0.0018)
+    assert cost.switch == 0.0
+    cost.add(8, 0.0030, steady=False)  # run without its captured graph
+    cost.add(1, 0.0023, steady=False)
+    assert cost.seconds(8) == pytest.approx(0.0018) and cost.seconds(1) == pytest.approx(0.0011)
+    # the average excess (0.5 * 1.2 + 0.5 * 1.2 ms) times the two steps a change slows
+    assert cost.switch == pytest.approx(2 * 0.0012)
+
+
+def test_a_step_faster_than_usual_after_a_change_prices_nothing() -> None:
+    cost = StepCost()
+    measure(cost, 1, 0.012)
+    measure(cost, 5, 0.040)
+    cost.add(5, 0.035, steady=False)  # a CPU: no graphs, only noise
+    assert cost.switch == 0.0
 
 
 def test_acceptance_counts_the_first_miss_and_forgets_slowly() -> None:

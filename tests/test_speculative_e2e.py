@@ -75,9 +75,18 @@ def test_seeded_speculation_preserves_the_output_where_windows_are_exact(
         e.close()
 
 
-def test_copy_heavy_text_is_accepted(engine: EngineProcess, copy_prompt: list[int]) -> None:
-    _, stats = run(engine, "acc", copy_prompt, max_tokens=48, spec="ngram")
-    assert int(stats["accepted"]) >= int(stats["drafted"]) // 2, stats
+PASSAGE = (
+    "<|im_start|>user\nRepeat the following passage exactly, word for word:\n\nThe keeper "
+    "climbed the ninety steps every night, trimmed the wick, and wrote the name of every ship "
+    "in the logbook by the stairs. In winter the storms came from the north, and the spray "
+    "reached the windows of the lamp room.<|im_end|>\n<|im_start|>assistant\n"
+)
+
+
+def test_copy_heavy_text_is_accepted(engine: EngineProcess) -> None:
+    engine.send(proto.Tokenize("tk", PASSAGE, True))
+    out, stats = run(engine, "acc", list(engine.expect(proto.Tokens).ids), max_tokens=64, spec="ngram")
+    assert len(out) > 40 and int(stats["accepted"]) >= int(stats["drafted"]) // 2, stats
 
 
 def test_adaptive_windows_open_only_where_they_pay(

@@ -11,6 +11,13 @@ before it were, from real windows and from drafts that were only recorded and th
 checked against the tokens the slot went on to emit ("shadow" drafts, which cost no
 decode). ``window_size`` then picks the k that maximises the expected tokens per second
 of the step, and 0 when no window beats an ordinary step.
+
+A change of the batch's shape has a price of its own on a GPU: llama.cpp replays a
+captured CUDA graph only for a shape it ran twice in a row, and launches every kernel
+anew otherwise. ``StepCost`` measures that price (``switch``), and a slot keeps the
+window size it had unless another pays for the change, padding the window with filler
+rows when the n-gram index drafts fewer tokens than it holds. On a CPU the price is
+nil and the window follows the drafts.
 """
 
 from __future__ import annotations
@@ -37,19 +44,32 @@ def expected_kept(alpha: Any, k: int) -> Any:
     return alpha * (1 - alpha**k) / (1 - alpha)
 
 
-def window_size(alpha: float, k_max: int, seconds: Callable[[int], float], rows: int, tokens: float) -> int:
-    """The number of drafts (0..k_max) that maximises a step's expected tokens per second.
+def window_size(
+    alpha: float, k_max: int, seconds: Callable[[int], float], rows: int, tokens: float,
+    drafts: int | None = None, was: int = 0, switch: float = 0.0,
+) -> int:  # fmt: skip
+    """The number of window rows (0..k_max) that maximises a step's expected tokens per second.
 
     The step holds ``rows`` rows so far, expected to yield ``tokens`` tokens; a window of
-    k drafts adds k rows and ``expected_kept(alpha, k)`` tokens; ``seconds(n)`` is what a
-    step of n rows takes. 0 means the step is best left as it is: a window must promise
-    ``MARGIN`` times its rate, since step times are measured amid the machine's noise.
+    k rows carries up to ``drafts`` real drafts (default k_max; rows past them are filler,
+    expected to keep nothing) and adds ``expected_kept(alpha, min(k, drafts))`` tokens;
+    ``seconds(n)`` is what a step of n rows takes. ``was`` is the slot's window in the
+    previous step: any other size changes the batch's shape, which costs ``switch`` more
+    seconds (a GPU runs a changed shape without its captured graph). The incumbent size
+    keeps its place unless another promises ``MARGIN`` times its rate, since step times
+    are measured amid the machine's noise; 0 means the step is best left as it is.
     """
-    best_k, best = 0, MARGIN * tokens / seconds(rows)
-    for k in range(1, k_max + 1):
-        rate = (tokens + expected_kept(alpha, k)) / seconds(rows + k)
-        if rate > best:
-            best_k, best = k, rate
+    drafts = k_max if drafts is None else drafts
+
+    def rate(k: int) -> float:
+        extra = 0.0 if k == was else switch
+        return (tokens + expected_kept(alpha, min(k, drafts))) / (seconds(rows + k) + extra)
+
+    best_k = was if was <= k_max else 0
+    best = MARGIN * rate(best_k)
+    for k in range(k_max + 1):
+        if k != best_k and (r := rate(k)) > best:
+            best_k, best = k, r
     return best_k
 
 
@@ -58,27 +78,45 @@ class StepCost:
     between and beyond the measured counts along straight lines. Asked a few times per
     slot and step, so it answers from a table rebuilt when a step is added.
 
-    The first step of each row count is not counted: a batch shape the device has not run
-    yet pays for its set-up (CUDA graphs, kernel choice), many times a later step, and an
-    average seeded with it would keep windows of that size away for good. For the same
-    reason one step can at most double an average."""
+    A step is *steady* when the two decodes before it had its shape. Only steady steps
+    enter the table; what the others cost beyond it is ``switch``: a GPU replays a
+    captured graph for a batch shape it ran twice in a row and launches every kernel
+    anew after a change, so a window that changes the shape pays for it, and one that
+    keeps it does not. The first step of each row count is not counted at all: a batch
+    shape the device has not run yet pays for its set-up (kernel choice, buffers), many
+    times a later step, and an average seeded with it would keep windows of that size
+    away for good. For the same reason one step can at most double an average."""
+
+    #: a change of shape slows the step that makes it and the next (the GPU re-captures)
+    SWITCH_STEPS = 2
 
     def __init__(self, decay: float = 0.8) -> None:
         self.decay = decay
         self.measured: dict[int, float] = {}
+        self._excess: float | None = None  # average excess of an unsteady step
         self._seen: set[int] = set()  # row counts whose first step went by
         self._rows: list[int] = []  # measured row counts, ascending
         self._secs: list[float] = []  # their averages, made non-decreasing
 
-    def add(self, rows: int, seconds: float) -> None:
+    def add(self, rows: int, seconds: float, steady: bool = True) -> None:
         if rows not in self._seen:
             self._seen.add(rows)
+            return
+        if not steady:
+            if len(self._rows) >= 2:
+                usual = self.seconds(rows)
+                self._excess = moving_average(self._excess, min(seconds, 3 * usual) - usual, self.decay)
             return
         prev = self.measured.get(rows)
         self.measured[rows] = moving_average(prev, seconds if prev is None else min(seconds, 2 * prev), self.decay)
         self._rows = sorted(self.measured)
         # more rows never cost less: a noisy average must not make a window look free
         self._secs = list(itertools.accumulate((self.measured[r] for r in self._rows), max))
+
+    @property
+    def switch(self) -> float:
+        """Seconds a change of the batch's shape adds, over the steps it slows."""
+        return self.SWITCH_STEPS * max(0.0, self._excess or 0.0)
 
     def seconds(self, rows: int) -> float:
         """A step of ``rows`` rows; until two row counts were measured every step looks

@@ -78,6 +78,7 @@ class Slot:
     reused: bool = False  # its request started from a cached prefix worth keeping
     spec_wait: int = 0  # draft model: decode steps left before this slot drafts again
     spec_misses: int = 0  # draft model: windows in a row that accepted nothing
+    window: int = 0  # rows its window added to the last step it decoded in
 
 
 #: The draft model drafts only while at most this many slots decode: beyond it the batch
@@ -103,6 +104,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.batch = Batch(max(llama.n_batch, llama.n_seq))
         self.cost = StepCost()  # seconds per decode-and-sample step by rows
+        self.shapes: deque[int] = deque([0, 0], maxlen=2)  # sizes of the last two decodes
         self.saved = SavedPrompts(saved_bytes)  # slot caches kept in host memory
         # Measured: seconds to prefill one prompt token, and to copy a sequence's cache
         # (through host memory); None until seen. A copy must cost less than its prefill.
@@ -240,6 +242,7 @@ class Scheduler:
             t0 = time.perf_counter()
             self.llama.decode(batch)
             self.llama.synchronize()
+            self.shapes.append(batch.n)
             self.prefill_secs = moving_average(self.prefill_secs, (time.perf_counter() - t0) / batch.n)
         shared = [s for s in decoding if s.req is not None and not s.req.isolate]
         groups = [shared] if shared else []
@@ -259,15 +262,17 @@ class Scheduler:
             prop = drafts.get(slot.seq, Proposal())
             idx = batch.add([slot.last, *prop.offered], len(slot.cached), slot.seq, "all")
             windows.append((slot, idx, prop))
+            slot.window = len(prop.offered)
         self.llama.decode(batch)
         for slot, idx, prop in windows:
             assert slot.last is not None
             slot.cached.append(slot.last)
             if prop.q_rows is None:
-                self._verify(slot, idx, prop.tokens)
+                self._verify(slot, idx, prop)
             else:
                 self._verify_gated(slot, idx, prop)
-        self.cost.add(batch.n, time.perf_counter() - t0)
+        self.cost.add(batch.n, time.perf_counter() - t0, steady=all(n == batch.n for n in self.shapes))
+        self.shapes.append(batch.n)
 
     # ---- speculation -------------------------------------------------------------------
 
@@ -297,14 +302,18 @@ class Scheduler:
             tokens = req.ngrams.draft(k)
             if req.grammar is not None:  # a token the grammar forbids can never be kept
                 tokens = tokens[: req.grammar.valid_prefix(tokens)]
-            if not tokens:
+            if not (tokens or slot.window):
                 continue
             alpha = req.acceptance.alpha
-            k = window_size(alpha, len(tokens), self.cost.seconds, rows, expect) if self.adaptive else len(tokens)
-            if k:
-                out[slot.seq] = Proposal(tokens[:k])
-                rows, expect = rows + k, expect + expected_kept(alpha, k)
-            elif req.shadow is None:  # not worth a window now: learn what it would have kept
+            if self.adaptive:  # the window may outgrow the drafts to keep the batch's shape
+                n = window_size(alpha, k, self.cost.seconds, rows, expect, len(tokens), slot.window, self.cost.switch)
+            else:
+                n = len(tokens)
+            if n:
+                filler = max(0, n - len(tokens))
+                out[slot.seq] = Proposal(tokens[:n] + [(tokens or [slot.last])[-1]] * filler, filler=filler)
+                rows, expect = rows + n, expect + expected_kept(alpha, min(n, len(tokens)))
+            elif tokens and req.shadow is None:  # not worth a window now: learn what it would have kept
                 req.shadow = Shadow(len(stream), tokens)
         if jobs:
             assert self.drafter is not None
@@ -323,11 +332,13 @@ class Scheduler:
         room = min(self.llama.n_ctx - len(slot.cached) - 2, req.max_tokens - req.generated - 1)
         return max(0, min(req.spec_k, room))
 
-    def _verify(self, slot: Slot, idx: int, draft: list[int]) -> None:
+    def _verify(self, slot: Slot, idx: int, prop: Proposal) -> None:
         """Sample each row of the window as an ordinary step would (same position, same
         draw), keep the drafts that match, and trim the cache to what was kept."""
-        req = slot.req
+        req, draft = slot.req, prop.tokens
         assert req is not None
+        drafts = len(draft) - prop.filler  # filler rows only pad the window: no drafts
+        req.drafted += drafts  # counted before any row is sampled: a row may end the request
         kept = 0
         for j in range(len(draft) + 1):
             tok = self._sample(slot, idx + j)
@@ -335,8 +346,10 @@ class Scheduler:
                 break
             slot.cached.append(tok)  # its KV is already in the cache
             kept += 1
+            if kept <= drafts:  # (a filler token that matched is emitted, not counted)
+                req.accepted += 1
         if draft:
-            self._account(slot, req, len(draft), kept)
+            self._after_window(slot, req, drafts, min(kept, drafts))
 
     def _verify_gated(self, slot: Slot, idx: int, prop: Proposal) -> None:
         """Verify a draft-model window (reference/002) and emit what it keeps: its accepted
@@ -351,18 +364,18 @@ class Scheduler:
             return probabilities(self.llama.logits(idx + j), params, history)
 
         result = verify_proposal(p_row, prop, drafter.tau, params.seed, len(base))
+        req.drafted += len(offered)  # counted before any row is emitted: one may end the request
         kept = 0
         for tok in [*offered[: result.accepted], result.token]:
             if self._sample(slot, idx + kept, chosen=tok) is None or kept == result.accepted:
                 break
             slot.cached.append(tok)  # its KV is already in the cache
             kept += 1
-        self._account(slot, req, len(offered), kept)
+            req.accepted += 1
+        self._after_window(slot, req, len(offered), kept)
 
-    def _account(self, slot: Slot, req: Request, drafted: int, kept: int) -> None:
-        """Count a window, trim the cache to what was kept, and back off after misses."""
-        req.drafted += drafted
-        req.accepted += kept
+    def _after_window(self, slot: Slot, req: Request, drafted: int, kept: int) -> None:
+        """Learn from a window, trim the cache to what was kept, and back off after misses."""
         req.acceptance.observe(drafted, kept)
         self.llama.seq_trim(slot.seq, len(slot.cached))
         slot.spec_misses = 0 if kept else slot.spec_misses + 1

@@ -217,6 +217,7 @@ def window_uniforms(seed: int, position: int, rows: int) -> WindowUniforms:
 class Proposal:
     tokens: list[int] = field(default_factory=list)  # a sampled window may end with NULL
     q_rows: list[np.ndarray] | None = None  # what each was drawn from; None: point masses
+    filler: int = 0  # trailing tokens that only pad the window to its size (no drafts)
 
     @property
     def offered(self) -> list[int]:
