@@ -47,7 +47,7 @@ SCRIPT = textwrap.dedent(
     out = {}
     for k in (0, 7):
         events = []
-        sched = Scheduler(m, events.append, adaptive=True)
+        sched = Scheduler(m, events.append, adaptive=True, shape_costs=True)
         sched.cost = GpuLike()
         windows = []  # (rows, filler) of each window verified
         verify = sched._verify

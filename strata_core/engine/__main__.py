@@ -170,8 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     out.flush()
     sched = Scheduler(
-        llama, out.emit, drafter, adaptive=not args.spec_fixed, saved_bytes=args.prompt_cache_mib << 20
-    )
+        llama, out.emit, drafter, adaptive=not args.spec_fixed, saved_bytes=args.prompt_cache_mib << 20,
+        shape_costs=llama.on_gpu,
+    )  # fmt: skip
     grammars = Grammars(lambda: llama.grammar_tokenizer(sorted(eog)), llama.n_vocab)
     warned: set[str] = set()
 

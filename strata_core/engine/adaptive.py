@@ -102,8 +102,8 @@ class StepCost:
         if rows not in self._seen:
             self._seen.add(rows)
             return
-        if not steady:
-            if len(self._rows) >= 2:
+        if not steady:  # priced against steady steps of the same rows, not a line's guess
+            if rows in self.measured and self.known:
                 usual = self.seconds(rows)
                 self._excess = moving_average(self._excess, min(seconds, 3 * usual) - usual, self.decay)
             return
@@ -118,11 +118,16 @@ class StepCost:
         """Seconds a change of the batch's shape adds, over the steps it slows."""
         return self.SWITCH_STEPS * max(0.0, self._excess or 0.0)
 
+    @property
+    def known(self) -> bool:
+        """Whether two row counts were measured, so that ``seconds`` tells them apart."""
+        return len(self._rows) >= 2
+
     def seconds(self, rows: int) -> float:
         """A step of ``rows`` rows; until two row counts were measured every step looks
         alike (1.0), so windows run and get measured."""
         xs, ys = self._rows, self._secs
-        if len(xs) < 2:
+        if not self.known:
             return 1.0
         if rows <= xs[0]:
             return ys[0] * rows / xs[0]

@@ -92,6 +92,8 @@ class Llama:
         if not model:
             raise LlamaError(f"llama.cpp could not load the model {opts.path}")
         self.model = model
+        #: layers run on a GPU (whose backends replay a captured graph per batch shape)
+        self.on_gpu = opts.n_gpu_layers != 0 and bool(ll.llama_supports_gpu_offload())
         self.vocab = ll.llama_model_get_vocab(model)
         self.n_vocab = int(ll.llama_vocab_n_tokens(self.vocab))
         cparams = ll.llama_context_default_params()

@@ -95,7 +95,7 @@ COPY_MIN_GAIN = 16
 class Scheduler:
     def __init__(
         self, llama: Llama, emit: Emit, drafter: DraftModel | None = None, adaptive: bool = True,
-        saved_bytes: int = 0,
+        saved_bytes: int = 0, shape_costs: bool = False,
     ) -> None:  # fmt: skip
         self.llama = llama
         self.emit = emit
@@ -111,6 +111,11 @@ class Scheduler:
         self.prefill_secs: float | None = None
         self.copy_secs: float | None = None
         self.adaptive = adaptive  # False: an n-gram window at every match (rows taken as free)
+        # Price a change of the batch's shape (adaptive.StepCost.switch): on a GPU, whose
+        # backends replay a captured graph only for a shape run twice in a row. A CPU
+        # rebuilds its graph for about a millisecond, lost in its noise; there every step
+        # counts as steady and a window follows its drafts.
+        self.shape_costs = shape_costs
 
     # ---- requests -------------------------------------------------------------------
 
@@ -271,7 +276,8 @@ class Scheduler:
                 self._verify(slot, idx, prop)
             else:
                 self._verify_gated(slot, idx, prop)
-        self.cost.add(batch.n, time.perf_counter() - t0, steady=all(n == batch.n for n in self.shapes))
+        steady = not self.shape_costs or all(n == batch.n for n in self.shapes)
+        self.cost.add(batch.n, time.perf_counter() - t0, steady)
         self.shapes.append(batch.n)
 
     # ---- speculation -------------------------------------------------------------------
@@ -305,7 +311,9 @@ class Scheduler:
             if not (tokens or slot.window):
                 continue
             alpha = req.acceptance.alpha
-            if self.adaptive:  # the window may outgrow the drafts to keep the batch's shape
+            if self.adaptive and out and not self.cost.known:  # one window measures a row count
+                n = 0
+            elif self.adaptive:  # the window may outgrow the drafts to keep the batch's shape
                 n = window_size(alpha, k, self.cost.seconds, rows, expect, len(tokens), slot.window, self.cost.switch)
             else:
                 n = len(tokens)
