@@ -2,7 +2,7 @@
 unless --temperature is given).
 
     python bench/speculative.py [--requests 4] [--max-tokens 128] [--rounds 3]
-        [--modes off ngram draft] [--k 4 [8 ...]] [--draft-model PATH | --draft-layers 28]
+        [--modes off ngram draft] [--k 7 [4 ...]] [--draft-model PATH | --draft-layers 28]
         [--threshold 0.1] [--temperature 0] [--workloads copy-heavy open-ended] [--concurrency 1 4]
 
 Workloads: copy-heavy (repeat or lightly edit a given passage or code) and open-ended,
@@ -97,7 +97,7 @@ def main() -> None:
     ap.add_argument("--draft-model", help="a GGUF sharing the model's vocabulary (mode draft)")
     ap.add_argument("--draft-layers", type=int, default=28, help="blocks kept when no --draft-model is given")
     ap.add_argument("--threshold", type=float, default=0.1, help="the draft model's confidence gate")
-    ap.add_argument("--k", type=int, nargs="+", default=[4], help="most tokens one window proposes")
+    ap.add_argument("--k", type=int, nargs="+", default=[7], help="most tokens one window proposes")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])

@@ -289,7 +289,7 @@ def engine_command(
     n_gpu_layers: int,
     flash_attn: bool | None,
     backend: str,
-    spec_k: int = 4,
+    spec_k: int = 7,
     draft_model: str | None = None,
     spec_threshold: float = 0.1,
     spec_adaptive: bool = True,

@@ -91,7 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--flash-attn", choices=["on", "off", "auto"], default="auto")
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--prompt-cache-mib", type=int, default=256, help="host memory for saved slot caches")
-    ap.add_argument("--spec-k", type=int, default=4, help="most tokens a speculative window proposes")
+    ap.add_argument("--spec-k", type=int, default=7, help="most tokens a speculative window proposes")
     ap.add_argument(
         "--spec-fixed", action="store_true", help="n-gram windows at every match, not only where they pay"
     )
