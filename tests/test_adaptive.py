@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from strata_core.engine.adaptive import Acceptance, Shadow, StepCost, expected_kept, window_size
+from strata_core.engine.adaptive import Acceptance, Calibration, Shadow, StepCost, expected_kept, window_size
 
 
 @pytest.mark.parametrize("alpha", [Fraction(0), Fraction(1, 3), Fraction(1, 2), Fraction(9, 10), Fraction(1)])
@@ -84,6 +84,23 @@ def test_the_incumbent_size_wins_near_ties() -> None:
     assert flat == 4  # free rows: 4 keeps clearly more than 3
     near = window_size(0.2, 4, free, rows=1, tokens=1, was=3)
     assert near == 3  # alpha 0.2: a fourth draft adds 0.2**4 = 0.0016 of a token
+
+
+def test_calibration_measures_how_much_of_a_promise_windows_keep() -> None:
+    cal = Calibration(decay=1.0)
+    assert cal.trust == 1.0
+    for _ in range(99):
+        cal.observe(promised=3.0, kept=2)  # windows keep two thirds of what they promise
+    assert cal.trust == pytest.approx((1 + 99 * 2) / (1 + 99 * 3))
+
+
+def test_distrusted_promises_open_fewer_windows() -> None:
+    # two CPU cores, four slots decoding: a window pays only if nearly all of it is kept
+    assert window_size(0.99, 4, two_cpu_cores, rows=4, tokens=4) == 4
+    assert window_size(0.99, 4, two_cpu_cores, rows=4, tokens=4, trust=0.9) == 0
+    # one slot: the window shrinks
+    assert window_size(0.95, 4, two_cpu_cores, rows=1, tokens=1) == 4
+    assert window_size(0.95, 4, two_cpu_cores, rows=1, tokens=1, trust=0.8) == 3
 
 
 def test_a_window_must_beat_the_windows_before_it() -> None:

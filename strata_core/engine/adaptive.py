@@ -46,7 +46,7 @@ def expected_kept(alpha: Any, k: int) -> Any:
 
 def window_size(
     alpha: float, k_max: int, seconds: Callable[[int], float], rows: int, tokens: float,
-    drafts: int | None = None, was: int = 0, switch: float = 0.0,
+    drafts: int | None = None, was: int = 0, switch: float = 0.0, trust: float = 1.0,
 ) -> int:  # fmt: skip
     """The number of window rows (0..k_max) that maximises a step's expected tokens per second.
 
@@ -55,7 +55,8 @@ def window_size(
     expected to keep nothing) and adds ``expected_kept(alpha, min(k, drafts))`` tokens;
     ``seconds(n)`` is what a step of n rows takes. ``was`` is the slot's window in the
     previous step: any other size changes the batch's shape, which costs ``switch`` more
-    seconds (a GPU runs a changed shape without its captured graph). The incumbent size
+    seconds (a GPU runs a changed shape without its captured graph). ``trust`` scales the
+    drafts a window is expected to keep (``Calibration``). The incumbent size
     keeps its place unless another promises ``MARGIN`` times its rate, since step times
     are measured amid the machine's noise; 0 means the step is best left as it is.
     """
@@ -63,7 +64,7 @@ def window_size(
 
     def rate(k: int) -> float:
         extra = 0.0 if k == was else switch
-        return (tokens + expected_kept(alpha, min(k, drafts))) / (seconds(rows + k) + extra)
+        return (tokens + trust * expected_kept(alpha, min(k, drafts))) / (seconds(rows + k) + extra)
 
     best_k = was if was <= k_max else 0
     best = MARGIN * rate(best_k)
@@ -159,6 +160,29 @@ class Acceptance:
         fade = self.decay**tested
         self.kept = fade * self.kept + kept
         self.tested = fade * self.tested + tested
+
+
+@dataclass
+class Calibration:
+    """Drafts that windows kept against those their acceptance estimates promised.
+
+    A window opens where its request's recent drafts were kept, and the run of kept
+    drafts that raised the estimate tends to end soon after: on the default model's
+    copy-heavy text, windows kept some 15-20% fewer drafts than promised. ``trust`` is the
+    measured ratio, each window weighing ``decay`` times the next (about fifty remembered),
+    and scales every promise that decides a window."""
+
+    promised: float = 1.0
+    kept: float = 1.0
+    decay: float = 0.98
+
+    @property
+    def trust(self) -> float:
+        return self.kept / self.promised
+
+    def observe(self, promised: float, kept: int) -> None:
+        self.promised = self.decay * self.promised + promised
+        self.kept = self.decay * self.kept + kept
 
 
 @dataclass

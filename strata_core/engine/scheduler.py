@@ -20,6 +20,7 @@ import numpy as np
 from strata_core import protocol as proto
 from strata_core.engine.adaptive import (
     Acceptance,
+    Calibration,
     Shadow,
     StepCost,
     expected_kept,
@@ -104,6 +105,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.batch = Batch(max(llama.n_batch, llama.n_seq))
         self.cost = StepCost()  # seconds per decode-and-sample step by rows
+        self.calibration = Calibration()  # n-gram windows: drafts kept against promised
         self.shapes: deque[int] = deque([0, 0], maxlen=2)  # sizes of the last two decodes
         self.saved = SavedPrompts(saved_bytes)  # slot caches kept in host memory
         # Measured: seconds to prefill one prompt token, and to copy a sequence's cache
@@ -310,17 +312,20 @@ class Scheduler:
                 tokens = tokens[: req.grammar.valid_prefix(tokens)]
             if not (tokens or slot.window):
                 continue
-            alpha = req.acceptance.alpha
+            alpha, trust = req.acceptance.alpha, self.calibration.trust
             if self.adaptive and out and not self.cost.known:  # one window measures a row count
                 n = 0
             elif self.adaptive:  # the window may outgrow the drafts to keep the batch's shape
-                n = window_size(alpha, k, self.cost.seconds, rows, expect, len(tokens), slot.window, self.cost.switch)
+                n = window_size(alpha, k, self.cost.seconds, rows, expect, len(tokens), slot.window,
+                                self.cost.switch, trust)  # fmt: skip
             else:
                 n = len(tokens)
             if n:
                 filler = max(0, n - len(tokens))
-                out[slot.seq] = Proposal(tokens[:n] + [(tokens or [slot.last])[-1]] * filler, filler=filler)
-                rows, expect = rows + n, expect + expected_kept(alpha, min(n, len(tokens)))
+                promised = expected_kept(alpha, min(n, len(tokens)))
+                window = tokens[:n] + [(tokens or [slot.last])[-1]] * filler
+                out[slot.seq] = Proposal(window, filler=filler, promised=promised)
+                rows, expect = rows + n, expect + trust * promised
             elif tokens and req.shadow is None:  # not worth a window now: learn what it would have kept
                 req.shadow = Shadow(len(stream), tokens)
         if jobs:
@@ -357,6 +362,7 @@ class Scheduler:
             if kept <= drafts:  # (a filler token that matched is emitted, not counted)
                 req.accepted += 1
         if draft:
+            self.calibration.observe(prop.promised, min(kept, drafts))
             self._after_window(slot, req, drafts, min(kept, drafts))
 
     def _verify_gated(self, slot: Slot, idx: int, prop: Proposal) -> None:

@@ -218,6 +218,7 @@ class Proposal:
     tokens: list[int] = field(default_factory=list)  # a sampled window may end with NULL
     q_rows: list[np.ndarray] | None = None  # what each was drawn from; None: point masses
     filler: int = 0  # trailing tokens that only pad the window to its size (no drafts)
+    promised: float = 0.0  # drafts the n-gram policy expected the window to keep
 
     @property
     def offered(self) -> list[int]:
