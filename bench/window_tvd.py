@@ -18,15 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-def softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    e = np.exp(x - x.max())
-    return e / e.sum()
 
 
 def main() -> None:
@@ -46,7 +38,13 @@ def main() -> None:
 
     backend = load_registry().get(a.backend)
     sys.path.insert(0, str(ensure_engine(backend).path))
-    from strata_core.engine.llama import Batch, Llama, ModelOptions
+    # libllama before numpy, as in the engine: the other order crashes model loading on CUDA
+    from strata_core.engine.llama import Batch, Llama, ModelOptions  # isort: skip
+    import numpy as np
+
+    def softmax(x: np.ndarray) -> np.ndarray:
+        e = np.exp(x.astype(np.float64) - x.max())
+        return e / e.sum()
 
     d = backend.engine_defaults()
     a.flash_attn = {"on": True, "off": False}.get(a.flash_attn)
