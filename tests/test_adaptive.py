@@ -7,7 +7,14 @@ from fractions import Fraction
 
 import pytest
 
-from strata_core.engine.adaptive import Acceptance, Calibration, Shadow, StepCost, expected_kept, window_size
+from strata_core.engine.adaptive import (
+    Acceptance,
+    Calibration,
+    Shadow,
+    StepCost,
+    expected_kept,
+    window_size,
+)
 
 
 @pytest.mark.parametrize("alpha", [Fraction(0), Fraction(1, 3), Fraction(1, 2), Fraction(9, 10), Fraction(1)])
