@@ -201,7 +201,7 @@ def test_acceptance_counts_the_first_miss_and_forgets_slowly() -> None:
     for _ in range(20):
         acc.observe(offered=4, kept=0)
     assert acc.alpha < 0.2
-    fresh = Acceptance(kept=0.0, tested=0.0, decay=1.0)
+    fresh = Acceptance(part=0.0, whole=0.0, decay=1.0)
     fresh.observe(offered=4, kept=2)  # kept, kept, missed; the fourth was never tested
     assert fresh.alpha == pytest.approx(2 / 3)
 

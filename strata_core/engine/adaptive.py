@@ -141,48 +141,64 @@ class StepCost:
 
 
 @dataclass
-class Acceptance:
+class FadingRatio:
+    """A ratio of two running sums whose older terms fade: each addition first multiplies
+    both sums by ``decay`` once per step it spans."""
+
+    part: float
+    whole: float
+    decay: float
+
+    @property
+    def ratio(self) -> float:
+        return self.part / self.whole
+
+    def add(self, part: float, whole: float, steps: int = 1) -> None:
+        fade = self.decay**steps
+        self.part = fade * self.part + part
+        self.whole = fade * self.whole + whole
+
+
+@dataclass
+class Acceptance(FadingRatio):
     """The chance a draft token is kept once its predecessors were: kept drafts over tested
     ones (a run's first miss is tested, the rest of the window after it is not), each
-    older test weighing ``decay`` times the next, so it remembers some ten tokens. Starts
+    tested token fading older ones by ``decay``, so it remembers some ten tokens. Starts
     at one kept of two tested: a coin flip."""
 
-    kept: float = 1.0
-    tested: float = 2.0
+    part: float = 1.0
+    whole: float = 2.0
     decay: float = 0.9
 
     @property
     def alpha(self) -> float:
-        return self.kept / self.tested
+        return self.ratio
 
     def observe(self, offered: int, kept: int) -> None:
         tested = kept + (1 if kept < offered else 0)
-        fade = self.decay**tested
-        self.kept = fade * self.kept + kept
-        self.tested = fade * self.tested + tested
+        self.add(kept, tested, steps=tested)
 
 
 @dataclass
-class Calibration:
+class Calibration(FadingRatio):
     """Drafts that windows kept against those their acceptance estimates promised.
 
     A window opens where its request's recent drafts were kept, and the run of kept
     drafts that raised the estimate tends to end soon after: on the default model's
     copy-heavy text, windows kept some 15-20% fewer drafts than promised. ``trust`` is the
-    measured ratio, each window weighing ``decay`` times the next (about fifty remembered),
+    measured ratio, each window fading older ones by ``decay`` (about fifty remembered),
     and scales every promise that decides a window."""
 
-    promised: float = 1.0
-    kept: float = 1.0
+    part: float = 1.0
+    whole: float = 1.0
     decay: float = 0.98
 
     @property
     def trust(self) -> float:
-        return self.kept / self.promised
+        return self.ratio
 
     def observe(self, promised: float, kept: int) -> None:
-        self.promised = self.decay * self.promised + promised
-        self.kept = self.decay * self.kept + kept
+        self.add(kept, promised)
 
 
 @dataclass
