@@ -9,8 +9,9 @@ one row, so a window pays only when most of it is kept. What a draft is worth is
 measured too: ``Acceptance`` tracks the chance that a draft token is kept after those
 before it were, from real windows and from drafts that were only recorded and then
 checked against the tokens the slot went on to emit ("shadow" drafts, which cost no
-decode). ``window_size`` then picks the k that maximises the expected tokens per second
-of the step, and 0 when no window beats an ordinary step.
+decode), and ``Calibration`` measures how much of that promise the windows it opened
+kept. ``window_size`` then picks the k that maximises the expected tokens per second of
+the step, and 0 when no window beats an ordinary step.
 
 A change of the batch's shape has a price of its own on a GPU: llama.cpp replays a
 captured CUDA graph only for a shape it ran twice in a row, and launches every kernel
