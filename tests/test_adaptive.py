@@ -95,10 +95,10 @@ def test_the_incumbent_size_wins_near_ties() -> None:
 
 def test_calibration_measures_how_much_of_a_promise_windows_keep() -> None:
     cal = Calibration(decay=1.0)
-    assert cal.trust == 1.0
+    assert cal.ratio == 1.0
     for _ in range(99):
-        cal.observe(promised=3.0, kept=2)  # windows keep two thirds of what they promise
-    assert cal.trust == pytest.approx((1 + 99 * 2) / (1 + 99 * 3))
+        cal.add(2, 3.0)  # windows keep two thirds of what they promise
+    assert cal.ratio == pytest.approx((1 + 99 * 2) / (1 + 99 * 3))
 
 
 def test_distrusted_promises_open_fewer_windows() -> None:

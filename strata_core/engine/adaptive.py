@@ -182,24 +182,18 @@ class Acceptance(FadingRatio):
 
 @dataclass
 class Calibration(FadingRatio):
-    """Drafts that windows kept against those their acceptance estimates promised.
+    """Drafts that windows kept (``part``) against those their acceptance estimates
+    promised (``whole``).
 
     A window opens where its request's recent drafts were kept, and the run of kept
     drafts that raised the estimate tends to end soon after: on the default model's
-    copy-heavy text, windows kept some 15-20% fewer drafts than promised. ``trust`` is the
-    measured ratio, each window fading older ones by ``decay`` (about fifty remembered),
-    and scales every promise that decides a window."""
+    copy-heavy text, windows kept some 15-20% fewer drafts than promised. The ratio, each
+    window fading older ones by ``decay`` (about fifty remembered), scales every promise
+    that decides a window (``window_size``'s ``trust``)."""
 
     part: float = 1.0
     whole: float = 1.0
     decay: float = 0.98
-
-    @property
-    def trust(self) -> float:
-        return self.ratio
-
-    def observe(self, promised: float, kept: int) -> None:
-        self.add(kept, promised)
 
 
 @dataclass

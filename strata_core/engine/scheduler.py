@@ -312,7 +312,7 @@ class Scheduler:
                 tokens = tokens[: req.grammar.valid_prefix(tokens)]
             if not (tokens or slot.window):
                 continue
-            alpha, trust = req.acceptance.alpha, self.calibration.trust
+            alpha, trust = req.acceptance.alpha, self.calibration.ratio
             if self.adaptive and out and not self.cost.known:  # one window measures a row count
                 n = 0
             elif self.adaptive:  # the window may outgrow the drafts to keep the batch's shape
@@ -362,7 +362,7 @@ class Scheduler:
             if kept <= drafts:  # (a filler token that matched is emitted, not counted)
                 req.accepted += 1
         if draft:
-            self.calibration.observe(prop.promised, min(kept, drafts))
+            self.calibration.add(min(kept, drafts), prop.promised)
             self._after_window(slot, req, drafts, min(kept, drafts))
 
     def _verify_gated(self, slot: Slot, idx: int, prop: Proposal) -> None:
