@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata_core import protocol as proto
+from strata_core.config import EngineConfig, SpeculativeConfig
 
 log = logging.getLogger("strata.engine")
 
@@ -289,13 +290,14 @@ def engine_command(
     n_gpu_layers: int,
     flash_attn: bool | None,
     backend: str,
-    spec_k: int = 7,
+    spec_k: int = SpeculativeConfig().k,
     draft_model: str | None = None,
-    spec_threshold: float = 0.1,
-    spec_adaptive: bool = True,
-    prompt_cache_mib: int = 256,
+    spec_threshold: float = SpeculativeConfig().threshold,
+    spec_adaptive: bool = SpeculativeConfig().adaptive,
+    prompt_cache_mib: int = EngineConfig().prompt_cache_mib,
 ) -> EngineCommand:
-    """The argv and environment that run the engine on a backend's build at ``site``."""
+    """The argv and environment that run the engine on a backend's build at ``site``
+    (what is not given: the configuration's defaults)."""
     argv = [sys.executable, "-m", "strata_core.engine", "--model", model, "--backend", backend]
     argv += ["--n-ctx", str(n_ctx), "--parallel", str(parallel), "--n-batch", str(n_batch)]
     argv += ["--n-gpu-layers", str(n_gpu_layers), "--spec-k", str(spec_k)]

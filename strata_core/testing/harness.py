@@ -18,7 +18,7 @@ import httpx
 from strata_core import protocol as proto
 from strata_core.backend import Backend
 from strata_core.build import EngineBuild
-from strata_core.config import EngineConfig, load_config
+from strata_core.config import EngineConfig, SpeculativeConfig, load_config
 from strata_core.reader import engine_command
 
 E = TypeVar("E", bound=proto.Event)
@@ -35,8 +35,9 @@ class EngineProcess:
 
     def __init__(
         self, backend: Backend, build: EngineBuild, model: Path, parallel: int = 2,
-        draft_model: Path | None = None, spec_threshold: float = 0.1, flash_attn: bool | None = None,
-        spec_adaptive: bool = True, prompt_cache_mib: int = 256,
+        draft_model: Path | None = None, spec_threshold: float = SpeculativeConfig().threshold,
+        flash_attn: bool | None = None, spec_adaptive: bool = SpeculativeConfig().adaptive,
+        prompt_cache_mib: int = EngineConfig().prompt_cache_mib,
     ) -> None:  # fmt: skip
         d = backend.engine_defaults()
         flash_attn = d.flash_attn if flash_attn is None else flash_attn
