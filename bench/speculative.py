@@ -6,11 +6,12 @@ unless --temperature is given).
         [--threshold 0.1] [--temperature 0] [--workloads copy-heavy open-ended] [--concurrency 1 4]
 
 Workloads: copy-heavy (repeat or lightly edit a given passage or code) and open-ended,
-at concurrency 1 and 4. One server per mode runs throughout; the modes take turns within
-every round, so drift in the machine's load falls on all of them. Prints, pooled over the
-rounds: tokens/s, TTFT p50 and ITL p50 (streamed chunks) for each mode, each mode's
-ratios to off, and the acceptance (accepted / drafted tokens, from the responses' usage).
-Several --k values run one server per mode and k (``ngram/k8``). Mode ``draft`` uses --draft-model, or else a copy of the model keeping its first
+by default at concurrency 1 and 4. One server per mode runs throughout; the modes take
+turns within every round, so drift in the machine's load falls on all of them. Prints,
+pooled over the rounds: tokens/s, TTFT p50 and ITL p50 (streamed chunks) for each mode,
+each mode's ratios to off, and the acceptance (accepted / drafted tokens, from the
+responses' usage). Several --k values run one server per mode and k (``ngram/k4``).
+Mode ``draft`` uses --draft-model, or else a copy of the model keeping its first
 --draft-layers blocks (self-speculation sharing the vocabulary).
 """
 
