@@ -20,7 +20,8 @@ from strata_core.build import ensure_engine, source_dir, strata_home
 from strata_core.plugins import load_registry
 
 TARGETS = ["llama-server", "llama-bench"]
-TOOLS_ON = ["-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_COMMON=ON"]
+# No web UI: a benchmark needs none, and fetching prebuilt assets would reach the network.
+TOOLS_ON = ["-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_COMMON=ON", "-DLLAMA_USE_PREBUILT_UI=OFF"]
 
 
 def llama_server(backend_name: str) -> Path:

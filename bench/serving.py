@@ -148,7 +148,7 @@ def servers(args: argparse.Namespace, model: str, slots: int, flash_attn: bool) 
         "strata": [sys.executable, "-m", "strata_core.cli", "serve", "--backend", args.backend,
                    "--model", model, "--parallel", str(slots), "--n-ctx", str(args.n_ctx),
                    "--port", "{port}"],
-        "llama-server": [str(llama_server(args.backend)), "-m", model, "-np", str(slots),
+        "llama-server": [args.llama_server or str(llama_server(args.backend)), "-m", model, "-np", str(slots),
                          "-c", str(args.n_ctx * slots), "-t", threads, "-tb", threads,
                          "--port", "{port}", "--no-webui", "-ngl", str(args.ngl), "-fa", fa],
     }  # fmt: skip
@@ -173,6 +173,7 @@ def main() -> None:
     ap.add_argument("--n-ctx", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--ngl", type=int, default=0, help="layers on the GPU for the peers (Strata uses the backend's default)")
+    ap.add_argument("--llama-server", help="this llama-server binary instead of one built by bench/peers.py")
     ap.add_argument("--llama-cpp-python", action="store_true", help="also run llama-cpp-python's server")
     ap.add_argument("--repeat-prompts", action="store_true",
                     help="reuse the same prompts at every concurrency (measures the peers' prompt caches)")

@@ -4,6 +4,7 @@ unless --temperature is given).
     python bench/speculative.py [--requests 4] [--max-tokens 128] [--rounds 3]
         [--modes off ngram draft] [--k 7 [4 ...]] [--draft-model PATH | --draft-layers 28]
         [--threshold 0.1] [--temperature 0] [--workloads copy-heavy open-ended] [--concurrency 1 4]
+        [--backend cuda] [--floor 0.98] [--trace DIR]
 
 Workloads: copy-heavy (repeat or lightly edit a given passage or code) and open-ended,
 by default at concurrency 1 and 4. One server per mode runs throughout; the modes take
@@ -12,7 +13,10 @@ pooled over the rounds: tokens/s, TTFT p50 and ITL p50 (streamed chunks) for eac
 each mode's ratios to off, and the acceptance (accepted / drafted tokens, from the
 responses' usage). Several --k values run one server per mode and k (``ngram/k4``).
 Mode ``draft`` uses --draft-model, or else a copy of the model keeping its first
---draft-layers blocks (self-speculation sharing the vocabulary).
+--draft-layers blocks (self-speculation sharing the vocabulary). With --floor, exits 1
+when any pooled on/off tokens/s ratio falls below it. With --trace DIR, each server's
+engine writes one JSON line per scheduler step to DIR/<mode>.jsonl
+(``STRATA_STEP_TRACE``; summarise with bench/trace_steps.py).
 """
 
 from __future__ import annotations
@@ -103,6 +107,9 @@ def main() -> None:
     ap.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--parallel", type=int, default=4, help="slots per server")
+    ap.add_argument("--backend", help="the backend the servers run on (default: the configuration's)")
+    ap.add_argument("--floor", type=float, help="exit 1 if a pooled on/off tokens/s ratio is below this")
+    ap.add_argument("--trace", type=Path, help="a folder for each engine's per-step trace")
     a = ap.parse_args()
     # (name, mode, k): one server each; "off" first, as the others' baseline
     specs = [("off", "off", a.k[0])]
@@ -128,7 +135,12 @@ def main() -> None:
                 text += f'draft_model = "{draft}"\nthreshold = {a.threshold}\n'
             cfg.write_text(text)
             args = ["--config", str(cfg), "--model", a.model, "--parallel", str(a.parallel)]
-            servers[name] = stack.enter_context(Server(args, cfg.with_suffix(".log")))
+            args += ["--backend", a.backend] if a.backend else []
+            env = None
+            if a.trace:
+                a.trace.mkdir(parents=True, exist_ok=True)
+                env = {"STRATA_STEP_TRACE": str(a.trace / f"{name.replace('/', '-')}.jsonl")}
+            servers[name] = stack.enter_context(Server(args, cfg.with_suffix(".log"), env))
         for rnd in range(a.rounds):
             turn = modes[rnd % len(modes) :] + modes[: rnd % len(modes)]
             for name in a.workloads:
@@ -141,14 +153,21 @@ def main() -> None:
     print(f"pooled over {a.rounds} rounds:")
     for (mode, name, c), runs in table.items():
         print(f"{mode:<8} {name:<10} c={c}: {line(pooled(runs))}")
+    below = []
     for mode in modes[1:]:
         for name in a.workloads:
             for c in a.concurrency:
                 on, off = pooled(table[(mode, name, c)]), pooled(table[("off", name, c)])
                 acc = on.accepted / on.drafted if on.drafted else 0.0
-                print(f"{mode:<8} {name:<10} c={c}: on/off tokens/s x{(on.tokens / on.wall) / (off.tokens / off.wall):.3f}, "
+                ratio = (on.tokens / on.wall) / (off.tokens / off.wall)
+                print(f"{mode:<8} {name:<10} c={c}: on/off tokens/s x{ratio:.3f}, "
                       f"TTFT x{p50(on.ttft) / p50(off.ttft):.3f}, ITL x{p50(on.itl) / p50(off.itl):.3f}, "
                       f"acceptance {acc:.2f} ({on.accepted}/{on.drafted})")  # fmt: skip
+                if a.floor is not None and ratio < a.floor:
+                    below.append(f"{mode} {name} c={c} x{ratio:.3f}")
+    if below:
+        print(f"below the floor x{a.floor}: {', '.join(below)}")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

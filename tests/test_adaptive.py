@@ -12,7 +12,10 @@ from strata_core.engine.adaptive import (
     Calibration,
     Shadow,
     StepCost,
+    WindowGuard,
     expected_kept,
+    micro_batches,
+    uniform_window,
     window_size,
 )
 
@@ -91,6 +94,78 @@ def test_the_incumbent_size_wins_near_ties() -> None:
     assert flat == 4  # free rows: 4 keeps clearly more than 3
     near = window_size(0.2, 4, free, rows=1, tokens=1, was=3)
     assert near == 3  # alpha 0.2: a fourth draft adds 0.2**4 = 0.0016 of a token
+
+
+@pytest.mark.parametrize(
+    ("rows", "parts"),
+    [
+        ([(0, 1), (1, 1), (2, 1), (3, 1)], 1),  # plain rows of consecutive sequences
+        ([(0, 8), (1, 8), (2, 8), (3, 8)], 1),  # equal windows
+        ([(0, 8), (1, 1), (2, 1), (3, 1)], 2),  # one window: a row of each, then its other 7
+        ([(0, 8), (1, 8), (2, 1), (3, 8)], 3),  # then sequences 0-1, then 3 alone
+        ([(0, 1), (1, 1), (3, 1)], 2),  # a gap splits even plain rows
+        ([(0, 3), (1, 5)], 2),
+        ([(2, 1)], 1),
+        ([], 0),
+    ],
+)
+def test_micro_batches_follow_llama_cpps_equal_split(rows: list[tuple[int, int]], parts: int) -> None:
+    assert micro_batches(rows) == parts
+
+
+def test_uniform_windows_pay_for_every_slots_rows() -> None:
+    # four slots on the H200 curve: 4 rows 1.4 ms, 32 rows ~3.9 ms. One slot copying alone
+    # does not pay for 28 rows; four slots copying do.
+    one = [(0.8, 7), (0.5, 0), (0.5, 0), (0.5, 0)]
+    assert uniform_window(one, 7, h200, rows=4, tokens=4) == 0
+    four = [(0.8, 7)] * 4
+    assert uniform_window(four, 7, h200, rows=4, tokens=4) == 7
+    # with one slot it is the per-slot choice
+    for alpha, drafts in ((0.9, 7), (0.5, 2), (0.2, 7)):
+        assert uniform_window([(alpha, drafts)], 7, h200, 1, 1) == window_size(alpha, 7, h200, 1, 1, drafts)
+    # the incumbent keeps its place when another size changes the shape for little
+    assert uniform_window(four, 7, h200, rows=4, tokens=4, was=6, switch=0.002) == 6
+    assert uniform_window([(0.3, 1)] * 4, 7, two_cpu_cores, rows=4, tokens=4) == 0
+
+
+def run_guard(guard: WindowGuard, n: int, steps: int, on_rate: float, off_rate: float) -> list[bool]:
+    """Steps of ``n`` slots, each emitting 4 tokens at the arm's rate (tokens/s); the arms used."""
+    arms = []
+    for _ in range(steps):
+        on = guard.allows(n)
+        arms.append(on)
+        guard.add(n, 4, 4 / (on_rate if on else off_rate))
+    return arms
+
+
+def test_the_guard_shuts_windows_that_realise_less() -> None:
+    guard = WindowGuard()
+    arms = run_guard(guard, 4, 4000, on_rate=1000.0, off_rate=2000.0)  # windows halve the rate
+    trial = WindowGuard.TRIAL
+    assert arms[:trial] == [True] * trial  # the cost model proposes first
+    assert not any(arms[trial : 2 * trial])  # then plain steps are measured
+    late = arms[2000:]
+    assert sum(late) / len(late) < 0.02  # only trials, ever rarer
+    # the rate realised over the whole run stays within 2% of plain steps' despite the trials
+    secs = sum(4 / (1000.0 if on else 2000.0) for on in arms)
+    assert 4 * len(arms) / secs > 0.98 * 2000.0
+
+
+def test_the_guard_keeps_windows_that_realise_more() -> None:
+    guard = WindowGuard()
+    arms = run_guard(guard, 1, 4000, on_rate=2000.0, off_rate=1000.0)
+    late = arms[2000:]
+    assert sum(late) / len(late) > 0.96
+
+
+def test_the_guard_follows_a_change_and_keeps_slot_counts_apart() -> None:
+    guard = WindowGuard()
+    run_guard(guard, 4, 2000, on_rate=1000.0, off_rate=2000.0)
+    assert not guard.allows(4)
+    assert guard.allows(1)  # another slot count starts afresh
+    # the workload changes: windows now pay at four slots, and the guard lets them back in
+    arms = run_guard(guard, 4, 4000, on_rate=3000.0, off_rate=2000.0)
+    assert sum(arms[-1000:]) / 1000 > 0.9
 
 
 def test_calibration_measures_how_much_of_a_promise_windows_keep() -> None:

@@ -80,6 +80,26 @@ class Output:
             sys.stdout.flush()
 
 
+TRACE_ENV = "STRATA_STEP_TRACE"
+"""A file to append one JSON line per scheduler step to: rows, micro-batches, windows,
+tokens emitted and where the step's milliseconds went (docs/backends/cuda.md)."""
+
+
+def step_trace(path: str | None) -> Callable[[dict[str, Any]], None] | None:
+    if not path:
+        return None
+    import atexit
+    import json
+
+    f = open(path, "a", buffering=1 << 16)  # open for the process's life
+    atexit.register(f.close)
+
+    def write(record: dict[str, Any]) -> None:
+        f.write(json.dumps(record) + "\n")
+
+    return write
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m strata_core.engine")
     ap.add_argument("--model", required=True)
@@ -171,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     out.flush()
     sched = Scheduler(
         llama, out.emit, drafter, adaptive=not args.spec_fixed, saved_bytes=args.prompt_cache_mib << 20,
-        shape_costs=llama.on_gpu,
+        shape_costs=llama.on_gpu, trace=step_trace(os.environ.get(TRACE_ENV)),
     )  # fmt: skip
     grammars = Grammars(lambda: llama.grammar_tokenizer(sorted(eog)), llama.n_vocab)
     warned: set[str] = set()

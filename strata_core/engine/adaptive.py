@@ -26,7 +26,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 MARGIN = 1.03
@@ -73,6 +73,56 @@ def window_size(
         if k != best_k and (r := rate(k)) > best:
             best_k, best = k, r
     return best_k
+
+
+def uniform_window(
+    offers: Sequence[tuple[float, int]], k_max: int, seconds: Callable[[int], float], rows: int,
+    tokens: float, was: int = 0, switch: float = 0.0, trust: float = 1.0,
+) -> int:  # fmt: skip
+    """One window size w (0..k_max) for every slot in ``offers`` (each ``(alpha, drafts)``:
+    its w rows hold its drafts, then filler) that maximises the step's expected tokens per
+    second; the step holds ``rows`` rows without the windows, expected to yield ``tokens``.
+
+    Where the KV cache keeps a stream per sequence, llama.cpp splits a batch whose
+    sequences hold unequal row counts into several micro-batches (``micro_batches``), each
+    computed on its own and in a shape of its own, so a GPU replays no captured graph for
+    any of them. Equal windows keep the step one micro-batch. ``was`` is the previous
+    step's w: another changes the batch's shape, which costs ``switch``; it keeps its
+    place unless another promises ``MARGIN`` times its rate, as in ``window_size``.
+    """
+
+    def rate(w: int) -> float:
+        kept = sum(expected_kept(alpha, min(w, drafts)) for alpha, drafts in offers)
+        return (tokens + trust * kept) / (seconds(rows + len(offers) * w) + (0.0 if w == was else switch))
+
+    best_w = was if was <= k_max else 0
+    best = MARGIN * rate(best_w)
+    for w in range(k_max + 1):
+        if w != best_w and (r := rate(w)) > best:
+            best_w, best = w, r
+    return best_w
+
+
+def micro_batches(rows: Sequence[tuple[int, int]]) -> int:
+    """How many micro-batches llama.cpp computes for a batch holding ``rows`` (sequence id,
+    row count) in ascending sequence order, when each sequence has a KV stream of its own:
+    a micro-batch takes a run of consecutive sequence ids from the first with rows left,
+    and as many rows from each as the one with fewest left has (llama_batch_allocr::
+    split_equal, sequential)."""
+    left = [[seq, n] for seq, n in rows if n > 0]
+    count = 0
+    while left:
+        run = [left[0]]
+        for item in left[1:]:
+            if item[0] != run[-1][0] + 1:
+                break
+            run.append(item)
+        take = min(n for _, n in run)
+        for item in run:
+            item[1] -= take
+        left = [item for item in left if item[1] > 0]
+        count += 1
+    return count
 
 
 class StepCost:
@@ -211,3 +261,82 @@ class Shadow:
         while kept < len(seen) and seen[kept] == self.tokens[kept]:
             kept += 1
         return kept if kept < len(seen) or len(seen) == len(self.tokens) else None
+
+
+@dataclass
+class _Arms:
+    """What steps realised per number of decoding slots, with windows allowed (``on``) and
+    without (``off``): emitted tokens over wall seconds, the leader's fading older steps,
+    the other's since its last trial began."""
+
+    on: FadingRatio = field(default_factory=lambda: FadingRatio(0.0, 0.0, WindowGuard.DECAY))
+    off: FadingRatio = field(default_factory=lambda: FadingRatio(0.0, 0.0, WindowGuard.DECAY))
+    arm: bool = True  # the arm in force
+    left: int = 0  # steps left in its phase
+    leader: bool | None = None  # the arm that realised more; None until both were tried
+    wait: int = 0  # leader phases before the other arm is tried again
+    backoff: int = 2  # WindowGuard.FIRST_WAIT
+
+    def rate(self, arm: bool) -> float:
+        r = self.on if arm else self.off
+        return r.part / r.whole if r.whole > 0 else 0.0
+
+
+class WindowGuard:
+    """Whether a step may open speculative windows, from what windows realised: emitted
+    tokens per wall second of steps with windows allowed against steps without, for each
+    number of decoding slots. The cost model (``window_size``, ``uniform_window``) only
+    proposes windows; the guard keeps them shut where the steps it let them into emitted
+    fewer tokens per second than plain ones, whatever the model predicted (a step the
+    model mis-prices, micro-batches, graph captures, Python time for the rows).
+
+    The leader holds for phases of ``PHASE`` steps; the other arm is tried for ``TRIAL``
+    steps, first once each, then after ``wait`` of the leader's phases, a wait that
+    grows fourfold (to ``MAX_WAIT``) each time a trial confirms the leader, so exploring a
+    losing arm costs little; a leader whose rate falls below the other's last one is
+    challenged at once."""
+
+    PHASE = 16
+    TRIAL = 8
+    FIRST_WAIT = 2
+    MAX_WAIT = 64
+    DECAY = 0.98  # per step of the arm: about fifty steps remembered
+
+    def __init__(self) -> None:
+        self._by_n: dict[int, _Arms] = {}
+
+    def allows(self, n: int) -> bool:
+        """Whether the next step, with ``n`` decoding slots, may open windows."""
+        arms = self._by_n.get(n)
+        if arms is None:
+            arms = self._by_n[n] = _Arms(left=self.TRIAL)
+        return arms.arm
+
+    def add(self, n: int, tokens: int, seconds: float) -> None:
+        """A step with ``n`` decoding slots, run under the arm ``allows(n)`` gave, emitted
+        ``tokens`` in ``seconds`` (its wall time, to the next step)."""
+        arms = self._by_n[n]
+        (arms.on if arms.arm else arms.off).add(tokens, seconds)
+        arms.left -= 1
+        if arms.left > 0:
+            return
+        if arms.leader is None:  # the first steps try each arm once
+            if arms.off.whole == 0:
+                arms.arm, arms.left = False, self.TRIAL
+                return
+            arms.leader, arms.wait = arms.rate(True) >= arms.rate(False), arms.backoff
+        elif arms.arm != arms.leader:  # a trial ended
+            if arms.rate(arms.arm) > arms.rate(arms.leader):
+                arms.leader, arms.backoff = arms.arm, self.FIRST_WAIT
+            else:
+                arms.backoff = min(4 * arms.backoff, self.MAX_WAIT)
+            arms.wait = arms.backoff
+        else:
+            arms.wait -= 1
+            if arms.rate(arms.leader) < arms.rate(not arms.leader):
+                arms.wait = 0
+        arms.arm = arms.leader if arms.wait > 0 else not arms.leader
+        arms.left = self.PHASE
+        if arms.arm != arms.leader:  # a trial is judged by what it realises itself
+            arms.left = self.TRIAL
+            setattr(arms, "on" if arms.arm else "off", FadingRatio(0.0, 0.0, self.DECAY))

@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -23,8 +24,11 @@ from strata_core.engine.adaptive import (
     Calibration,
     Shadow,
     StepCost,
+    WindowGuard,
     expected_kept,
+    micro_batches,
     moving_average,
+    uniform_window,
     window_size,
 )
 from strata_core.engine.drafter import DraftJob, DraftModel
@@ -41,6 +45,7 @@ from strata_core.engine.sampler import (
 from strata_core.engine.speculative import NgramIndex, Proposal, common_prefix, verify_proposal
 
 Emit = Callable[[proto.Event], None]
+Trace = Callable[[dict[str, Any]], None]
 
 
 @dataclass
@@ -79,7 +84,7 @@ class Slot:
     reused: bool = False  # its request started from a cached prefix worth keeping
     spec_wait: int = 0  # draft model: decode steps left before this slot drafts again
     spec_misses: int = 0  # draft model: windows in a row that accepted nothing
-    window: int = 0  # rows its window added to the last step it decoded in
+    window: int = 0  # rows its window added to the last step it decoded in (CPU windows)
 
 
 #: The draft model drafts only while at most this many slots decode: beyond it the batch
@@ -96,7 +101,7 @@ COPY_MIN_GAIN = 16
 class Scheduler:
     def __init__(
         self, llama: Llama, emit: Emit, drafter: DraftModel | None = None, adaptive: bool = True,
-        saved_bytes: int = 0, shape_costs: bool = False,
+        saved_bytes: int = 0, shape_costs: bool = False, trace: Trace | None = None,
     ) -> None:  # fmt: skip
         self.llama = llama
         self.emit = emit
@@ -118,6 +123,13 @@ class Scheduler:
         # rebuilds its graph for about a millisecond, lost in its noise; there every step
         # counts as steady and a window follows its drafts.
         self.shape_costs = shape_costs
+        # There (GPU) every slot of a step's shared batch takes the same window, so that the
+        # step stays one micro-batch (adaptive.uniform_window): the size the last one used.
+        self.window = 0
+        self.guard = WindowGuard()  # windows only where they realised more than plain steps
+        self.trace = trace  # one record a step (timings, rows, micro-batches), when given
+        self._step: dict[str, Any] | None = None  # the step that ran last, until timed
+        self._t_step = 0.0  # when it started
 
     # ---- requests -------------------------------------------------------------------
 
@@ -226,13 +238,22 @@ class Scheduler:
         the same way whatever else is prefilling; and a prompt whose last chunk goes in
         this step gets its first token in this step too.
         """
+        t_step = time.perf_counter()
+        self._timed(t_step)
         self._admit()
         batch = self.batch
         decoding = [s for s in self.slots if s.req is not None and s.last is not None and not s.pending]
         # No windows while a request waits for its first token: its first row shares the
         # decode with the windows, and time to first token matters more than a draft.
         waiting_first = any(s.req is not None and not s.req.generated for s in self.slots)
-        drafts = {} if waiting_first else self._drafts(decoding)
+        guarded = self.adaptive and any(s.req is not None and s.req.spec_k for s in decoding)
+        allowed = not guarded or self.guard.allows(len(decoding))
+        drafts = {} if waiting_first or not allowed else self._drafts(decoding)
+        if not drafts:
+            self.window = 0
+        record: dict[str, Any] = {"t": t_step, "n": len(decoding), "allowed": allowed, "emitted": 0}
+        if guarded:
+            record["guarded"] = True
         budget = batch.capacity - sum(1 + len(drafts[s.seq].offered) if s.seq in drafts else 1 for s in decoding)
         batch.clear()
         for slot in self.slots:
@@ -250,12 +271,31 @@ class Scheduler:
             self.llama.decode(batch)
             self.llama.synchronize()
             self.shapes.append(batch.n)
-            self.prefill_secs = moving_average(self.prefill_secs, (time.perf_counter() - t0) / batch.n)
+            secs = time.perf_counter() - t0
+            self.prefill_secs = moving_average(self.prefill_secs, secs / batch.n)
+            record.update(prefill_rows=batch.n, prefill_ms=secs * 1e3)
         shared = [s for s in decoding if s.req is not None and not s.req.isolate]
         groups = [shared] if shared else []
         groups += [[s] for s in decoding if s.req is not None and s.req.isolate]
+        self._step = record
+        self._t_step = t_step
         for group in groups:
             self._decode_rows(group, drafts)
+        if not self.busy:  # nothing runs next: the step ends here, not at the next one
+            self._timed(time.perf_counter())
+
+    def _timed(self, now: float) -> None:
+        """Close the last step's record: its wall time runs to ``now`` (the next step's start,
+        so what the engine does between steps counts); the guard learns from it."""
+        record, self._step = self._step, None
+        if record is None:
+            return
+        secs = now - self._t_step
+        if record.get("guarded"):
+            self.guard.add(int(record["n"]), int(record["emitted"]), secs)
+        if self.trace is not None:
+            record["step_ms"] = secs * 1e3
+            self.trace(record)
 
     def _decode_rows(self, group: list[Slot], drafts: dict[int, Proposal]) -> None:
         """One ``llama_decode`` of the group's last tokens (with their windows), then
@@ -270,7 +310,12 @@ class Scheduler:
             idx = batch.add([slot.last, *prop.offered], len(slot.cached), slot.seq, "all")
             windows.append((slot, idx, prop))
             slot.window = len(prop.offered)
+        parts = micro_batches([(slot.seq, 1 + slot.window) for slot in group])
         self.llama.decode(batch)
+        t1 = time.perf_counter()
+        if self.trace is not None:  # the device's time apart from the host's
+            self.llama.synchronize()
+        t2 = time.perf_counter()
         for slot, idx, prop in windows:
             assert slot.last is not None
             slot.cached.append(slot.last)
@@ -278,9 +323,22 @@ class Scheduler:
                 self._verify(slot, idx, prop)
             else:
                 self._verify_gated(slot, idx, prop)
+        t3 = time.perf_counter()
         steady = not self.shape_costs or all(n == batch.n for n in self.shapes)
-        self.cost.add(batch.n, time.perf_counter() - t0, steady)
+        # On a GPU a step split into micro-batches costs more than its rows say (no graph
+        # replays for any part): it is not a price for that many rows in one batch.
+        if parts == 1 or not self.shape_costs:
+            self.cost.add(batch.n, t3 - t0, steady)
         self.shapes.append(batch.n)
+        if (record := self._step) is not None:
+            windowed = [prop for _, _, prop in windows if prop.tokens]
+            record["rows"] = record.get("rows", 0) + batch.n
+            record["micro_batches"] = record.get("micro_batches", 0) + parts
+            record["windows"] = record.get("windows", 0) + len(windowed)
+            record["filler"] = record.get("filler", 0) + sum(p.filler for p in windowed)
+            record["steady"] = steady
+            for key, secs in (("decode_ms", t1 - t0), ("wait_ms", t2 - t1), ("verify_ms", t3 - t2)):
+                record[key] = record.get(key, 0.0) + secs * 1e3
 
     # ---- speculation -------------------------------------------------------------------
 
@@ -288,8 +346,7 @@ class Scheduler:
         """This step's proposals by sequence; the draft model drafts for all its slots at once."""
         out: dict[int, Proposal] = {}
         jobs: list[DraftJob] = []
-        # The step's rows and expected tokens so far: each window must raise its rate.
-        rows, expect = len(decoding), float(len(decoding))
+        offers: list[tuple[Slot, list[int], int]] = []  # n-gram slots: drafts, room
         for slot in decoding:
             req, k = slot.req, self._draft_room(slot)
             assert req is not None and slot.last is not None
@@ -301,39 +358,79 @@ class Scheduler:
                 elif len(decoding) <= SPEC_MAX_SLOTS:
                     jobs.append(DraftJob(slot.seq, [*slot.cached, slot.last], k, req.params))
                 continue
-            if req.ngrams is None:  # the stream so far: the prompt, then emitted tokens
-                req.ngrams = NgramIndex([*slot.cached, slot.last])
-            stream = req.ngrams.tokens
-            if req.shadow is not None and (kept := req.shadow.check(stream)) is not None:
-                req.acceptance.observe(len(req.shadow.tokens), kept)
-                req.shadow = None
-            tokens = req.ngrams.draft(k)
-            if req.grammar is not None:  # a token the grammar forbids can never be kept
-                tokens = tokens[: req.grammar.valid_prefix(tokens)]
-            if not (tokens or slot.window):
-                continue
-            alpha, trust = req.acceptance.alpha, self.calibration.ratio
-            if self.adaptive and out and not self.cost.known:  # one window measures a row count
-                n = 0
-            elif self.adaptive:  # the window may outgrow the drafts to keep the batch's shape
-                n = window_size(alpha, k, self.cost.seconds, rows, expect, len(tokens), slot.window,
-                                self.cost.switch, trust)  # fmt: skip
-            else:
-                n = len(tokens)
-            if n:
-                filler = max(0, n - len(tokens))
-                promised = expected_kept(alpha, min(n, len(tokens)))
-                window = tokens[:n] + [(tokens or [slot.last])[-1]] * filler
-                out[slot.seq] = Proposal(window, filler=filler, promised=promised)
-                rows, expect = rows + n, expect + trust * promised
-            elif tokens and req.shadow is None:  # not worth a window now: learn what it would have kept
-                req.shadow = Shadow(len(stream), tokens)
+            offers.append((slot, self._ngram_drafts(slot, k), k))
+        if offers and self.adaptive and self.shape_costs:
+            self._uniform_windows(offers, len(decoding), out)
+        elif offers:
+            self._slot_windows(offers, len(decoding), out)
         if jobs:
             assert self.drafter is not None
             props = zip(jobs, self.drafter.propose(jobs), strict=True)
             # a slot whose draft is still catching up, or not confident, steps as usual
             out.update((job.seq, prop) for job, prop in props if prop.tokens)
         return out
+
+    def _ngram_drafts(self, slot: Slot, k: int) -> list[int]:
+        """Up to ``k`` tokens the n-gram index drafts for the slot (scoring its shadow draft)."""
+        req = slot.req
+        assert req is not None and slot.last is not None
+        if req.ngrams is None:  # the stream so far: the prompt, then emitted tokens
+            req.ngrams = NgramIndex([*slot.cached, slot.last])
+        if req.shadow is not None and (kept := req.shadow.check(req.ngrams.tokens)) is not None:
+            req.acceptance.observe(len(req.shadow.tokens), kept)
+            req.shadow = None
+        tokens = req.ngrams.draft(k)
+        if req.grammar is not None:  # a token the grammar forbids can never be kept
+            tokens = tokens[: req.grammar.valid_prefix(tokens)]
+        return tokens
+
+    def _open(self, slot: Slot, tokens: list[int], n: int, out: dict[int, Proposal]) -> float:
+        """A window of ``n`` rows for the slot: its drafts, then filler (the last draft
+        again) to the size; the drafts it promises to keep. With ``n`` 0 the drafts are
+        recorded as a shadow instead, to learn what they would have kept."""
+        req = slot.req
+        assert req is not None and req.ngrams is not None and slot.last is not None
+        if not n:
+            if tokens and req.shadow is None:
+                req.shadow = Shadow(len(req.ngrams.tokens), tokens)
+            return 0.0
+        filler = max(0, n - len(tokens))
+        promised = expected_kept(req.acceptance.alpha, min(n, len(tokens)))
+        window = tokens[:n] + [(tokens or [slot.last])[-1]] * filler
+        out[slot.seq] = Proposal(window, filler=filler, promised=promised)
+        return promised
+
+    def _slot_windows(self, offers: list[tuple[Slot, list[int], int]], rows: int, out: dict[int, Proposal]) -> None:
+        """Each slot's window sized on its own, in turn: each must raise the expected tokens
+        per second of the step as the windows before it left it (a CPU, where rows cost
+        what they compute and a split batch nothing more; or every match, unadaptive)."""
+        expect, trust = float(rows), self.calibration.ratio
+        for slot, tokens, k in offers:
+            if not (tokens or slot.window):
+                continue
+            req = slot.req
+            assert req is not None
+            if self.adaptive and out and not self.cost.known:  # one window measures a row count
+                n = 0
+            elif self.adaptive:  # the window may outgrow the drafts to keep the batch's shape
+                n = window_size(req.acceptance.alpha, k, self.cost.seconds, rows, expect, len(tokens), slot.window,
+                                self.cost.switch, trust)  # fmt: skip
+            else:
+                n = len(tokens)
+            promised = self._open(slot, tokens, n, out)
+            if n:
+                rows, expect = rows + n, expect + trust * promised
+
+    def _uniform_windows(self, offers: list[tuple[Slot, list[int], int]], rows: int, out: dict[int, Proposal]) -> None:
+        """One window size for every offering slot (a GPU: the step stays one micro-batch,
+        adaptive.uniform_window), padded with filler where a slot drafts fewer tokens."""
+        alphas = [(slot.req.acceptance.alpha if slot.req else 0.0, len(tokens)) for slot, tokens, _ in offers]
+        k = min(room for _, _, room in offers)
+        w = uniform_window(alphas, k, self.cost.seconds, rows, float(rows), self.window, self.cost.switch,
+                           self.calibration.ratio)  # fmt: skip
+        for slot, tokens, _ in offers:
+            self._open(slot, tokens, w, out)
+        self.window = w
 
     def _draft_room(self, slot: Slot) -> int:
         """How many tokens the slot may draft this step."""
@@ -428,6 +525,8 @@ class Scheduler:
             self._fail(slot, f"grammar refused token {tok}: {req.grammar.error}")
             return None
         self.emit(proto.Token(req.rid, tok))
+        if self._step is not None:
+            self._step["emitted"] += 1
         if req.ngrams is not None:
             req.ngrams.append(tok)
         if req.logprobs is not None:

@@ -1,0 +1,53 @@
+"""Summarise engine step traces (``STRATA_STEP_TRACE``, or bench/speculative.py --trace).
+
+    python bench/trace_steps.py TRACE.jsonl [...]
+
+Groups the decode steps of each trace by decoding slots and by kind: plain (no window),
+windowed in one micro-batch, windowed in several; and steps right after a change of the
+batch's shape apart from steady ones. For each group: steps, rows and micro-batches per
+step, tokens emitted per step, and the median milliseconds of the whole step (to the next
+one), of the ``llama_decode`` call, of waiting for the device and of sampling and
+verifying the rows; then tokens per second over the group.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+
+def kind(step: dict[str, Any]) -> str:
+    if not step.get("windows"):
+        return "plain"
+    return "window, 1 micro-batch" if step.get("micro_batches", 1) == 1 else "window, split"
+
+
+def main() -> None:
+    for path in sys.argv[1:]:
+        steps = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        groups: dict[tuple[int, str, bool], list[dict[str, Any]]] = defaultdict(list)
+        for s in steps:
+            if "rows" in s and "step_ms" in s:
+                groups[(s["n"], kind(s), bool(s.get("steady")))].append(s)
+        print(f"{path}: {len(steps)} steps")
+        print(f"{'slots':>5} {'kind':<22} {'steady':<6} {'steps':>6} {'rows':>5} {'parts':>5} {'tok':>5} "
+              f"{'step ms':>8} {'decode':>7} {'wait':>7} {'verify':>7} {'tok/s':>8}")  # fmt: skip
+        for (n, k, steady), group in sorted(groups.items()):
+            def med(key: str, group: list[dict[str, Any]] = group) -> float:
+                return statistics.median(s.get(key, 0.0) for s in group)
+
+            def mean(key: str, group: list[dict[str, Any]] = group) -> float:
+                return sum(s.get(key, 0) for s in group) / len(group)
+
+            rate = sum(s["emitted"] for s in group) / sum(s["step_ms"] for s in group) * 1e3
+            print(f"{n:>5} {k:<22} {str(steady):<6} {len(group):>6} {mean('rows'):>5.1f} {mean('micro_batches'):>5.1f} "
+                  f"{mean('emitted'):>5.2f} {med('step_ms'):>8.2f} {med('decode_ms'):>7.2f} {med('wait_ms'):>7.2f} "
+                  f"{med('verify_ms'):>7.2f} {rate:>8.1f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
