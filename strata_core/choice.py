@@ -94,6 +94,7 @@ class ChoiceText:
         text = self._detok.flush() if self._aligner is None else self._aligner.flush()
         safe, self.stopped = self._matcher.push(text)
         tail = safe if self.stopped else safe + self._matcher.flush()
+        self.stopped = self._matcher.stopped  # a stop the end of the text decided
         return self._release(tail, last=True)
 
     def _release(self, text: str, last: bool) -> Delta:

@@ -37,28 +37,41 @@ def held_prefix(text: str, tag: str) -> int:
 
 
 class StopMatcher:
-    """Finds the first stop string in streamed text and holds back a possible prefix.
+    """Cuts streamed text at the earliest place a stop string begins, holding back a tail
+    that may still grow into one.
 
     ``push(text)`` returns ``(safe, stopped)``: the text that can be shown now, and
     whether a stop string ended the reply (its text and what follows are dropped).
+    ``flush()`` returns the held tail at the end, cut at a stop it holds; ``stopped``
+    says whether either of them found one.
     """
 
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = [s for s in stops if s]
         self.held = ""
+        self.stopped = False
+
+    def _first(self, buf: str) -> int | None:
+        return min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=None)
 
     def push(self, text: str) -> tuple[str, bool]:
         if not self.stops:
             return text, False
         buf = self.held + text
-        cut = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
-            self.held = ""
+        cut = self._first(buf)
+        # where a longer stop may yet begin: until it is decided, a stop found after it
+        # (say "a" in "<a", with "<a<" a stop) may not be the first one
+        hold = len(buf) - max(held_prefix(buf, s) for s in self.stops)
+        if cut is not None and cut <= hold:
+            self.held, self.stopped = "", True
             return buf[:cut], True
-        keep = max(held_prefix(buf, s) for s in self.stops)  # a tail that starts a stop
-        self.held = buf[len(buf) - keep :]
-        return buf[: len(buf) - keep], False
+        self.held = buf[hold:]
+        return buf[:hold], False
 
     def flush(self) -> str:
-        out, self.held = self.held, ""
+        """The held tail at the end of the text: no stop can grow any more, so the first
+        one it holds (if any) cuts it."""
+        cut = self._first(self.held)
+        out, self.held = self.held[:cut], ""
+        self.stopped = self.stopped or cut is not None
         return out

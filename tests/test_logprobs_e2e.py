@@ -41,6 +41,16 @@ def user(text: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": text}]
 
 
+def again(text: str) -> list[dict[str, str]]:
+    """A conversation in which the model already repeated ``text`` once: greedy, it writes
+    it again (by a margin of nats, not a hair, so other CPU numerics write the same)."""
+    return [
+        {"role": "user", "content": "Repeat exactly: " + text},
+        {"role": "assistant", "content": text},
+        {"role": "user", "content": "Again, exactly."},
+    ]
+
+
 def chat_entries(api: openai.OpenAI, stream: bool = False, **kw: Any) -> tuple[str, list[dict[str, Any]]]:
     """(content, entries as plain dicts), streamed or not."""
     kw.setdefault("model", "default")
@@ -91,12 +101,15 @@ def split_chars(entries: list[dict[str, Any]]) -> int:
 
 # ---- entries spell the content ---------------------------------------------------------
 
-# (prompt, max_tokens that end on a whole character, what the reply must hold, whether a
-# character in it is split across tokens)
-CHAT_CASES = {
+# 👌 is three tokens (F0 9F, 91, 8C): 39 tokens end on the 13th whole 👌, 40 cut the 14th
+OKS = again("👌" * 20)
+
+# (prompt or messages, max_tokens that end on a whole character, what the reply must hold,
+# whether a character in it is split across tokens)
+CHAT_CASES: dict[str, tuple[str | list[dict[str, str]], int, list[str], bool]] = {
     "cjk": ("Repeat exactly: 東京 café €5 😀", 30, ["東京"], True),
-    "accents-euro-emoji": ("Repeat after me: I paid €5 at the café 😀", 40, ["café", "€5", "😀"], False),
-    "emoji": ("Repeat exactly: 😀 😀 😀", 39, ["👌"], True),  # 👌 is three tokens
+    "accents-euro-emoji": (again("I paid €5 at the café 😀"), 40, ["café", "€5", "😀"], False),
+    "emoji": (OKS, 39, ["👌"], True),
     "code": ("Write a Python function that adds two numbers.", 40, ["```python", "def ", "return"], False),
 }
 
@@ -104,7 +117,8 @@ CHAT_CASES = {
 @pytest.mark.parametrize("case", CHAT_CASES)
 def test_chat_entries_spell_the_content_streamed_and_not(api: openai.OpenAI, case: str) -> None:
     prompt, max_tokens, must, split = CHAT_CASES[case]
-    kw = {"messages": user(prompt), "max_tokens": max_tokens, "logprobs": True, "top_logprobs": 3}
+    messages = user(prompt) if isinstance(prompt, str) else prompt
+    kw = {"messages": messages, "max_tokens": max_tokens, "logprobs": True, "top_logprobs": 3}
     content, entries = chat_entries(api, **kw)
     for s in must:  # the fixture: the reply really holds what this case is about
         assert s in content, f"the model did not produce {s!r}: {content!r}"
@@ -124,7 +138,7 @@ def test_chat_entries_spell_the_content_streamed_and_not(api: openai.OpenAI, cas
 
 
 def test_a_character_cut_by_max_tokens_reads_as_the_content_does(api: openai.OpenAI) -> None:
-    kw = {"messages": user("Repeat exactly: 😀 😀 😀"), "max_tokens": 40, "logprobs": True}
+    kw = {"messages": OKS, "max_tokens": 40, "logprobs": True}
     content, entries = chat_entries(api, **kw)
     assert content.endswith("👌\ufffd"), content  # the fixture: the last 👌 is cut
     assert b"".join(bytes(e["bytes"]) for e in entries).decode("utf-8", "replace") == content
@@ -134,7 +148,8 @@ def test_a_character_cut_by_max_tokens_reads_as_the_content_does(api: openai.Ope
 
 COMPLETION_CASES = {
     "accents-euro-emoji": ("東京 café €5 😀 東京 café €5 😀 東京", ["café", "€5", "😀"], False),
-    "cjk": ("Tokyo (東京), Kyoto (京都), Osaka (", ["京", "マス"], True),
+    # the pattern goes on, " マス, 東京 マス", a character split across tokens in each word
+    "cjk": ("東京 マス, " * 5 + "東京", ["京", "マス"], True),
 }
 
 

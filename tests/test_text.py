@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from strata_core.text import StopMatcher, held_prefix
@@ -20,6 +20,8 @@ def test_held_prefix() -> None:
     st.lists(st.text(alphabet="ab<>", min_size=1, max_size=4), min_size=1, max_size=3),
     st.lists(st.integers(min_value=0, max_value=20), max_size=5),
 )
+@example(text="<a<", stops=["a", "<a<"], cuts=[2])  # "a" is found in "<a", but "<a<" begins first
+@example(text="<a", stops=["a", "<a<"], cuts=[])  # ... and the text ends before "<a<" can: "a" cuts
 def test_stop_matcher_cuts_at_the_first_stop_whatever_the_chunks(text: str, stops: list[str], cuts: list[int]) -> None:
     found = [i for i in (text.find(s) for s in stops) if i >= 0]
     expected = text[: min(found)] if found else text
@@ -32,6 +34,7 @@ def test_stop_matcher_cuts_at_the_first_stop_whatever_the_chunks(text: str, stop
         if stopped:
             break
         assert expected.startswith(out)  # nothing past a stop, nothing taken back
-    if not stopped:
+    if not stopped:  # only the end can decide a stop held behind a longer one's prefix
         out += m.flush()
+        stopped = m.stopped
     assert out == expected and stopped == bool(found)

@@ -184,14 +184,29 @@ def test_sdk_stream_helper_accumulates_the_call(api: openai.OpenAI) -> None:
     assert json.loads(call.function.arguments) == {"city": "Paris"}
 
 
+# An earlier round in which the model answered from a tool result, quoting it: greedy, it
+# answers the next result the same way. Its result is not the one the check looks for.
+EARLIER_ROUND = [
+    {"role": "user", "content": "What is the weather in London?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_london", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "London"}'}}]},
+    {"role": "tool", "tool_call_id": "call_london", "content": "Cloudy, 14 C"},
+    {"role": "assistant", "content": "The weather in London: Cloudy, 14 C."},
+]  # fmt: skip
+
+
 def test_tool_round_trip_with_a_tool_result(api: openai.OpenAI) -> None:
     first = ask(api, messages=AGAIN, tools=[WEATHER])
     (call,) = first.choices[0].message.tool_calls
     history = [
+        *EARLIER_ROUND,
         {"role": "user", "content": "What is the weather in Paris?"},
         {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
         {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 25 C"},
     ]
+    # the fixture: only the tool message holds the result, so quoting it needs that message
+    assert "Sunny" not in json.dumps(history[:-1])
     r = ask(api, messages=history, tools=[WEATHER], logprobs=True)
     c = r.choices[0]
     assert c.finish_reason in ("stop", "length") and c.message.tool_calls is None
