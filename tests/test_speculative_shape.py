@@ -145,3 +145,58 @@ def test_the_guard_shuts_windows_a_wrong_cost_model_opens(cpu_engine: EngineBuil
     assert rate(unguarded, True) < rate(unguarded, False) or not any(not s[0] for s in unguarded)
     late = guarded[len(guarded) // 2 :]
     assert sum(1 for s in late if s[0]) < len(late) / 5, late
+
+
+GAP_SCRIPT = textwrap.dedent(
+    """
+    import json
+    from strata_core import protocol as proto
+    from strata_core.engine.llama import Llama, ModelOptions
+    from strata_core.engine.sampler import SamplingParams
+    from strata_core.engine.scheduler import Request, Scheduler
+
+    m = Llama(ModelOptions(path=MODEL, n_ctx=512, n_seq=3, n_batch=256))
+    def chat(text):
+        return m.tokenize(f"<|im_start|>user\\n{text}<|im_end|>\\n<|im_start|>assistant\\n".encode(), True, True)
+    prompts = [chat("Name three rivers."), chat("Say hi."), chat("Count to ten.")]
+    params = SamplingParams.from_keys({}, m.n_vocab)
+    out = {}
+    for gpu_like in (False, True):
+        for seq in range(3):
+            m.seq_trim(seq, 0)
+        events, steps = [], []
+        sched = Scheduler(m, events.append, shape_costs=gpu_like, trace=steps.append)
+        for i, (p, n) in enumerate(zip(prompts, (40, 2, 40))):  # the middle slot finishes first
+            sched.submit(Request(f"r{i}", list(p), params, n, frozenset(), None))
+        while sched.busy:
+            sched.step()
+        sched.submit(Request("again", list(prompts[1]), params, 2, frozenset(), None))  # slot 1's cache
+        while sched.busy:
+            sched.step()
+        tokens = {}
+        for e in events:
+            if isinstance(e, proto.Token):
+                tokens.setdefault(e.rid, []).append(e.id)
+        cached = [e.stats["cached"] for e in events if isinstance(e, proto.Done) and e.rid == "again"]
+        parts = sorted({s["micro_batches"] for s in steps if s.get("n") == 2 and "micro_batches" in s})
+        out[str(gpu_like)] = {"tokens": tokens, "cached": cached[0], "parts": parts}
+    print(json.dumps(out))
+    """
+)
+
+
+def test_a_gap_between_decoding_slots_is_filled_on_a_gpu(cpu_engine: EngineBuild, default_model: Path) -> None:
+    """Slots 0 and 2 decode while slot 1 idles: llama.cpp would split the step in two
+    micro-batches (no graph replays on a GPU); with shape costs on, slot 1 gets rows that
+    are decoded and trimmed, the step is one micro-batch, and neither the other slots'
+    tokens nor slot 1's cached prompt change."""
+    env = {**os.environ, "PYTHONPATH": f"{cpu_engine.path}{os.pathsep}{Path(__file__).parents[1]}"}
+    code = f"MODEL = {str(default_model)!r}\n{GAP_SCRIPT}"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    plain, filled = out["False"], out["True"]
+    assert plain["parts"] == [2] and filled["parts"] == [1]  # the gap split the step, and was filled
+    assert filled["tokens"] == plain["tokens"]
+    assert len(plain["tokens"]["r0"]) > 10 and len(plain["tokens"]["r2"]) > 10
+    assert filled["cached"] == plain["cached"] and int(filled["cached"]) > 5  # slot 1's cache held
