@@ -77,12 +77,12 @@ class ChoiceText:
     def tool_calls(self) -> list[ToolCall] | None:
         return None if self._tools is None else self._tools.calls
 
-    def push(self, ev: TokenEvent) -> Delta:
-        """Take the next token: the reply now safe to show and the entries that go with it."""
+    def push(self, *events: TokenEvent) -> Delta:
+        """Take the next tokens: the reply now safe to show and the entries that go with it."""
         if self._aligner is None:
-            text = self._detok.feed(ev.id)
+            text = "".join(self._detok.feed(ev.id) for ev in events)
         else:
-            text = self._aligner.add(ev.id, ev.logprob)
+            text = "".join(self._aligner.add(ev.id, ev.logprob) for ev in events)
         safe, self.stopped = self._matcher.push(text)
         return self._release(safe, last=self.stopped)
 

@@ -52,11 +52,16 @@ class RequestStream:
     error: str | None = None
     finished: bool = False
 
-    async def events(self) -> AsyncIterator[TokenEvent | Finished]:
+    async def events(self) -> AsyncIterator[list[TokenEvent | Finished]]:
+        """Everything that arrived since the last yield, at least one event: tokens that
+        came together (a speculative window, or a server behind the engine) are handled,
+        and streamed, together. Ends after Finished."""
         while True:
-            ev = await self.queue.get()
-            yield ev
-            if isinstance(ev, Finished):
+            evs = [await self.queue.get()]
+            while not self.queue.empty() and not isinstance(evs[-1], Finished):
+                evs.append(self.queue.get_nowait())
+            yield evs
+            if isinstance(evs[-1], Finished):
                 return
 
 

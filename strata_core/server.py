@@ -190,47 +190,55 @@ class Service:
         try:
             if echo:
                 yield Delta(echo)
-            async for ev in stream.events():
-                if isinstance(ev, Finished):
-                    if ev.error is not None or ev.reason == "error":
-                        self.metrics.errors.inc()
-                        raise EngineUnavailable(ev.error or "the engine failed the request")
-                    usage = oai.Usage(
-                        prompt=int(ev.stats.get("prompt", 0)),
-                        completion=int(ev.stats.get("gen", 0)),
-                        cached=int(ev.stats.get("cached", 0)),
-                        drafted=int(ev.stats.get("drafted", 0)),
-                        accepted=int(ev.stats.get("accepted", 0)),
-                    )
-                    self.metrics.spec_drafted.inc(usage.drafted)
-                    self.metrics.spec_accepted.inc(usage.accepted)
-                    self.metrics.prompt_tokens.inc(usage.prompt)
-                    self.metrics.cached_tokens.inc(usage.cached)
-                    self.metrics.gen_tokens.inc(usage.completion)
-                    tail = carry(carried, choice.end())
-                    finish = "stop" if choice.stopped or ev.reason != "length" else "length"
-                    tail.tool_calls = choice.tool_calls
-                    if finish == "stop" and tail.tool_calls:
-                        finish = "tool_calls"
-                    tail.finish, tail.usage = finish, usage
-                    yield tail
+            async for evs in stream.events():
+                end = evs.pop() if isinstance(evs[-1], Finished) else None
+                if evs:
+                    now = time.perf_counter()
+                    (self.metrics.itl if last != t0 else self.metrics.ttft).observe(now - last)
+                    for _ in evs[1:]:  # tokens that arrived with it
+                        self.metrics.itl.observe(0.0)
+                    last = now
+                if evs and not choice.stopped:
+                    piece = carry(carried, choice.push(*evs))
+                    if choice.stopped:
+                        self.engine.cancel(stream.rid)
+                    if piece.shows():
+                        carried = Delta("")
+                        yield piece
+                    else:
+                        carried = piece
+                if end is not None:
+                    yield self._last_piece(end, choice, carried)
                     return
-                now = time.perf_counter()
-                (self.metrics.itl if last != t0 else self.metrics.ttft).observe(now - last)
-                last = now
-                if choice.stopped:
-                    continue
-                piece = carry(carried, choice.push(ev))
-                if choice.stopped:
-                    self.engine.cancel(stream.rid)
-                if piece.shows():
-                    carried = Delta("")
-                    yield piece
-                else:
-                    carried = piece
         finally:
             if not stream.finished:
                 self.engine.cancel(stream.rid)
+
+    def _last_piece(self, ev: Finished, choice: ChoiceText, carried: Delta) -> Delta:
+        """The choice's last piece once the engine is done: the rest of its text, the
+        finish reason and the usage."""
+        if ev.error is not None or ev.reason == "error":
+            self.metrics.errors.inc()
+            raise EngineUnavailable(ev.error or "the engine failed the request")
+        usage = oai.Usage(
+            prompt=int(ev.stats.get("prompt", 0)),
+            completion=int(ev.stats.get("gen", 0)),
+            cached=int(ev.stats.get("cached", 0)),
+            drafted=int(ev.stats.get("drafted", 0)),
+            accepted=int(ev.stats.get("accepted", 0)),
+        )
+        self.metrics.spec_drafted.inc(usage.drafted)
+        self.metrics.spec_accepted.inc(usage.accepted)
+        self.metrics.prompt_tokens.inc(usage.prompt)
+        self.metrics.cached_tokens.inc(usage.cached)
+        self.metrics.gen_tokens.inc(usage.completion)
+        tail = carry(carried, choice.end())
+        finish = "stop" if choice.stopped or ev.reason != "length" else "length"
+        tail.tool_calls = choice.tool_calls
+        if finish == "stop" and tail.tool_calls:
+            finish = "tool_calls"
+        tail.finish, tail.usage = finish, usage
+        return tail
 
 
 # ---- app ---------------------------------------------------------------------------------

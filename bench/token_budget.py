@@ -1,0 +1,200 @@
+"""Where one generated token's milliseconds go, layer by layer, at concurrency 1.
+
+    python bench/token_budget.py [--backend cpu] [--model default] [--tokens 128] [--rounds 3]
+        [--llama-server PATH]
+
+Streams the same greedy chat through each layer in turn and reports the median time
+between tokens (ITL) and the CPU each process spent per token:
+
+1. ``scheduler``: the engine's scheduler in this process, no I/O; per step its
+   ``llama_decode`` call, its sampling, and the rest of the step (``STRATA_STEP_TRACE``).
+2. ``engine``: the engine process over its protocol, this process reading its stdout.
+3. ``strata``: ``strata serve`` over HTTP (SSE), this process the client.
+4. ``llama-server`` beside it, same model, slots, threads and flash attention.
+
+The differences between the layers are what each adds: 2 - 1 the protocol and pipes, 3 - 2
+the server (reader, SSE, HTTP) and its contention with the engine's threads for cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+PROMPT = "Write a story about a lighthouse keeper who finds a message in a bottle."
+
+
+def cpu_secs(pid: int) -> float:
+    """User and system CPU seconds of a process and its threads so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def med_ms(xs: list[float]) -> float:
+    return statistics.median(xs) * 1e3 if xs else float("nan")
+
+
+def stream_http(base: str, tokens: int, pids: list[int]) -> tuple[list[float], int, list[float]]:
+    """One streamed greedy chat; the gaps between content chunks, the tokens, and each
+    process's CPU seconds over the request."""
+    body = {"model": "default", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    before = [cpu_secs(p) for p in pids]
+    gaps, last, n = [], None, 0
+    with httpx.Client(timeout=600) as c, c.stream("POST", f"{base}/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            if '"content":"' in line.replace(" ", "") and '"content":""' not in line.replace(" ", ""):
+                now = time.perf_counter()
+                if last is not None:
+                    gaps.append(now - last)
+                last = now
+                n += 1
+    return gaps, n, [cpu_secs(p) - b for p, b in zip(pids, before, strict=True)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--llama-server", help="this llama-server binary instead of one built by bench/peers.py")
+    a = ap.parse_args()
+
+    from strata_core.build import ensure_engine
+    from strata_core.config import EngineConfig, load_config
+    from strata_core.models import resolve_model
+    from strata_core.plugins import load_registry
+    from strata_core.reader import engine_command
+    from strata_core.testing.harness import Server, free_port
+
+    backend = load_registry().get(a.backend)
+    site = str(ensure_engine(backend).path)
+    model = str(resolve_model(a.model).path)
+    d = backend.engine_defaults()
+    threads = load_config().engine.threads or len(os.sched_getaffinity(0))
+    rows: dict[str, list[float]] = {}
+
+    # 1. the scheduler in a subprocess of its own (libllama loads before numpy there)
+    script = f"""
+import json, sys, time
+from strata_core.engine.llama import Llama, ModelOptions
+from strata_core.engine.sampler import SamplingParams
+from strata_core.engine.scheduler import Request, Scheduler
+m = Llama(ModelOptions(path={model!r}, n_ctx=2048, n_seq=1, n_batch=512, threads={threads},
+                       n_gpu_layers={d.n_gpu_layers}, flash_attn={d.flash_attn!r}))
+m.warm_up()
+text = "<|im_start|>user\\n" + {PROMPT!r} + "<|im_end|>\\n<|im_start|>assistant\\n"
+prompt = m.tokenize(text.encode(), True, True)
+for r in range({a.rounds}):
+    steps = []
+    s = Scheduler(m, lambda e: None, trace=steps.append)
+    s.submit(Request("r", list(prompt), SamplingParams.from_keys({{}}, m.n_vocab), {a.tokens}, frozenset(), None))
+    while s.busy:
+        s.step()
+    print(json.dumps([x for x in steps if x.get("n") == 1 and "rows" in x][2:]), flush=True)
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([site, str(Path(__file__).resolve().parents[1])])}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    import json
+
+    steps = [s for line in out.stdout.splitlines() for s in json.loads(line)]
+    for key in ("step_ms", "decode_ms", "verify_ms"):
+        rows[f"scheduler {key}"] = [statistics.median(s[key] for s in steps)]
+
+    # 2. the engine process over the protocol
+    from strata_core import protocol as proto
+
+    cmd = engine_command(model, site=site, env=backend.engine_env(EngineConfig()), n_ctx=2048, parallel=1,
+                         n_batch=512, threads=threads, n_gpu_layers=d.n_gpu_layers, flash_attn=d.flash_attn,
+                         backend=backend.name)  # fmt: skip
+    eng = subprocess.Popen(list(cmd.argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                           env={**os.environ, **cmd.env}, bufsize=1)  # fmt: skip
+    assert eng.stdin is not None and eng.stdout is not None
+    eng.stdout.readline()  # READY
+    eng.stdin.write(proto.encode_command(proto.Tokenize("t", "<|im_start|>user\n" + PROMPT + "<|im_end|>\n<|im_start|>assistant\n", True)) + "\n")
+    eng.stdin.flush()
+    ids = proto.parse_event(eng.stdout.readline()).ids  # type: ignore[attr-defined]
+    gaps: list[float] = []
+    cpu: list[float] = []
+    for r in range(a.rounds):
+        before = cpu_secs(eng.pid)
+        eng.stdin.write(proto.encode_command(proto.Gen(f"g{r}", {"max_tokens": str(a.tokens)}, tuple(ids))) + "\n")
+        eng.stdin.flush()
+        last = None
+        while True:
+            line = eng.stdout.readline()
+            if line.startswith("T "):
+                now = time.perf_counter()
+                if last is not None:
+                    gaps.append(now - last)
+                last = now
+            elif line.startswith("DONE"):
+                break
+        cpu.append((cpu_secs(eng.pid) - before) / a.tokens)
+    eng.stdin.write("QUIT\n")
+    eng.stdin.close()
+    eng.wait(30)
+    rows["engine ITL"] = [med_ms(gaps) / 1e3]
+    rows["engine CPU/token"] = [statistics.median(cpu)]
+
+    # 3. strata serve; 4. llama-server
+    def http(name: str, base: str, pids: list[int]) -> None:
+        stream_http(base, 8, pids)  # warm-up
+        itl: list[float] = []
+        per: list[list[float]] = []
+        for _ in range(a.rounds):
+            g, n, secs = stream_http(base, a.tokens, pids)
+            itl += g
+            per.append([s / max(n, 1) for s in secs])
+        rows[f"{name} ITL"] = [med_ms(itl) / 1e3]
+        for i, label in enumerate(["server", "engine"][: len(pids)]):
+            rows[f"{name} CPU/token ({label})"] = [statistics.median(p[i] for p in per)]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        args = ["--backend", backend.name, "--model", model, "--parallel", "1", "--n-ctx", "2048"]
+        with Server(args, Path(tmp) / "strata.log", {"STRATA_ENGINE_THREADS": str(threads)}) as srv:
+            children = subprocess.run(["pgrep", "-P", str(srv.proc.pid)], capture_output=True, text=True).stdout.split()
+            http("strata", srv.base, [srv.proc.pid, int(children[0])])
+        from bench.peers import llama_server
+
+        port = free_port()
+        binary = a.llama_server or str(llama_server(backend.name))
+        peer = subprocess.Popen([binary, "-m", model, "-np", "1", "-c", "2048", "-t", str(threads), "-tb", str(threads),
+                                 "--port", str(port), "--no-webui", "-ngl", "99" if d.n_gpu_layers else "0",
+                                 "-fa", "on" if d.flash_attn else "off"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            base = f"http://127.0.0.1:{port}"
+            for _ in range(600):
+                try:
+                    if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.2)
+            http("llama-server", base, [peer.pid])
+        finally:
+            peer.terminate()
+            peer.wait(30)
+
+    print(f"median over {a.rounds} rounds of {a.tokens} tokens, {threads} threads, backend {backend.name}")
+    for name, vals in rows.items():
+        print(f"{name:<34} {vals[0] * 1e3:8.3f} ms" if "ms" not in name else f"{name:<34} {vals[0]:8.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
