@@ -259,19 +259,6 @@ def test_a_change_of_shape_is_priced_not_averaged_in() -> None:
     assert cost.switch == pytest.approx(2 * 0.0012)
 
 
-def test_a_change_of_shape_is_spread_over_how_long_shapes_last() -> None:
-    cost = StepCost(decay=0.5)
-    measure(cost, 1, 0.0011)
-    measure(cost, 8, 0.0018)
-    cost.add(8, 0.0030, steady=False)
-    assert cost.run_steps == 2  # one run ended so far: two steps of one row
-    for rows in (1, 8) * 3:  # shapes now last ten steps each
-        for _ in range(10):
-            cost.add(rows, 0.0011 if rows == 1 else 0.0018)
-    assert cost.run_steps is not None and 8 < cost.run_steps <= 10
-    assert cost.change == pytest.approx(cost.switch / cost.run_steps)
-
-
 def test_a_step_faster_than_usual_after_a_change_prices_nothing() -> None:
     cost = StepCost()
     measure(cost, 1, 0.012)

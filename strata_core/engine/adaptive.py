@@ -149,17 +149,8 @@ class StepCost:
         self._seen: set[int] = set()  # row counts whose first step went by
         self._rows: list[int] = []  # measured row counts, ascending
         self._secs: list[float] = []  # their averages, made non-decreasing
-        self._shape: int | None = None  # rows of the step before, and how many in a row
-        self._run = 0
-        self.run_steps: float | None = None  # how many steps a shape lasts, on average
 
     def add(self, rows: int, seconds: float, steady: bool = True) -> None:
-        if rows == self._shape:
-            self._run += 1
-        else:
-            if self._shape is not None:
-                self.run_steps = moving_average(self.run_steps, self._run, self.decay)
-            self._shape, self._run = rows, 1
         if rows not in self._seen:
             self._seen.add(rows)
             return
@@ -178,12 +169,6 @@ class StepCost:
     def switch(self) -> float:
         """Seconds a change of the batch's shape adds, over the steps it slows."""
         return self.SWITCH_STEPS * max(0.0, self._excess or 0.0)
-
-    @property
-    def change(self) -> float:
-        """Seconds a change of shape costs each step of the shape it starts: the price is
-        paid once, and the new shape lasts ``run_steps`` steps on average."""
-        return self.switch / max(1.0, self.run_steps or 1.0)
 
     @property
     def known(self) -> bool:

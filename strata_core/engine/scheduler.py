@@ -446,7 +446,7 @@ class Scheduler:
                 n = 0
             elif self.adaptive:  # the window may outgrow the drafts to keep the batch's shape
                 n = window_size(req.acceptance.alpha, k, self.cost.seconds, rows, expect, len(tokens), slot.window,
-                                self.cost.change, trust)  # fmt: skip
+                                self.cost.switch, trust)  # fmt: skip
             else:
                 n = len(tokens)
             promised = self._open(slot, tokens, n, out)
@@ -458,7 +458,7 @@ class Scheduler:
         adaptive.uniform_window), padded with filler where a slot drafts fewer tokens."""
         alphas = [(slot.req.acceptance.alpha if slot.req else 0.0, len(tokens)) for slot, tokens, _ in offers]
         k = min(room for _, _, room in offers)
-        w = uniform_window(alphas, k, self.cost.seconds, rows, float(rows), self.window, self.cost.change,
+        w = uniform_window(alphas, k, self.cost.seconds, rows, float(rows), self.window, self.cost.switch,
                            self.calibration.ratio)  # fmt: skip
         for slot, tokens, _ in offers:
             self._open(slot, tokens, w, out)
