@@ -111,7 +111,8 @@ async def run_load(
     sem = asyncio.Semaphore(concurrency)
     # No keep-alive: llama-server closes streamed connections that a pool would reuse.
     limits = httpx.Limits(max_keepalive_connections=0)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+    # A stream that stalls for a minute fails the run rather than hanging it.
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600, read=60), limits=limits) as client:
         await one(client, f"{base}/v1/chat/completions", PROMPTS[0], 8, Result())  # warm-up
 
         async def guarded(i: int) -> None:

@@ -28,6 +28,8 @@ import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
+import httpx
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.serving import Result, p50, run_load  # noqa: E402
@@ -146,8 +148,12 @@ def main() -> None:
             for name in a.workloads:
                 for c in a.concurrency:
                     for mode in turn:
-                        r = asyncio.run(run_load(servers[mode].base, c, a.requests * c, a.max_tokens,
-                                                 prompts=WORKLOADS[name], extra=extra))  # fmt: skip
+                        try:
+                            r = asyncio.run(run_load(servers[mode].base, c, a.requests * c, a.max_tokens,
+                                                     prompts=WORKLOADS[name], extra=extra))  # fmt: skip
+                        except httpx.TimeoutException:
+                            log = servers[mode].log.read_text(errors="replace")
+                            sys.exit(f"round {rnd} {mode} {name} c={c}: a stream stalled; its server's log ends:\n{log[-4000:]}")
                         table.setdefault((mode, name, c), []).append(r)
                         print(f"round {rnd} {mode:<8} {name:<10} c={c}: {line(r)}", flush=True)
     print(f"pooled over {a.rounds} rounds:")

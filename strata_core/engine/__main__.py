@@ -91,7 +91,7 @@ def step_trace(path: str | None) -> Callable[[dict[str, Any]], None] | None:
     import atexit
     import json
 
-    f = open(path, "a", buffering=1 << 16)  # open for the process's life
+    f = open(path, "a", buffering=1)  # line by line: a trace shows the last step even if the engine stalls
     atexit.register(f.close)
 
     def write(record: dict[str, Any]) -> None:
