@@ -86,7 +86,7 @@ def main() -> None:
     model = str(resolve_model(a.model).path)
     d = backend.engine_defaults()
     threads = load_config().engine.threads or len(os.sched_getaffinity(0))
-    rows: dict[str, list[float]] = {}
+    rows: dict[str, float] = {}  # milliseconds
 
     # 1. the scheduler in a subprocess of its own (libllama loads before numpy there)
     script = f"""
@@ -112,8 +112,8 @@ for r in range({a.rounds}):
     import json
 
     steps = [s for line in out.stdout.splitlines() for s in json.loads(line)]
-    for key in ("step_ms", "decode_ms", "verify_ms"):
-        rows[f"scheduler {key}"] = [statistics.median(s[key] for s in steps)]
+    for key, label in (("step_ms", "step"), ("decode_ms", "llama_decode"), ("verify_ms", "sampling")):
+        rows[f"scheduler: {label}"] = statistics.median(s[key] for s in steps)
 
     # 2. the engine process over the protocol
     from strata_core import protocol as proto
@@ -148,8 +148,8 @@ for r in range({a.rounds}):
     eng.stdin.write("QUIT\n")
     eng.stdin.close()
     eng.wait(30)
-    rows["engine ITL"] = [med_ms(gaps) / 1e3]
-    rows["engine CPU/token"] = [statistics.median(cpu)]
+    rows["engine: ITL"] = med_ms(gaps)
+    rows["engine: CPU per token"] = statistics.median(cpu) * 1e3
 
     # 3. strata serve; 4. llama-server
     def http(name: str, base: str, pids: list[int]) -> None:
@@ -160,9 +160,9 @@ for r in range({a.rounds}):
             g, n, secs = stream_http(base, a.tokens, pids)
             itl += g
             per.append([s / max(n, 1) for s in secs])
-        rows[f"{name} ITL"] = [med_ms(itl) / 1e3]
+        rows[f"{name}: ITL"] = med_ms(itl)
         for i, label in enumerate(["server", "engine"][: len(pids)]):
-            rows[f"{name} CPU/token ({label})"] = [statistics.median(p[i] for p in per)]
+            rows[f"{name}: CPU per token ({label})"] = statistics.median(p[i] for p in per) * 1e3
 
     with tempfile.TemporaryDirectory() as tmp:
         args = ["--backend", backend.name, "--model", model, "--parallel", "1", "--n-ctx", "2048"]
@@ -170,6 +170,7 @@ for r in range({a.rounds}):
             children = subprocess.run(["pgrep", "-P", str(srv.proc.pid)], capture_output=True, text=True).stdout.split()
             http("strata", srv.base, [srv.proc.pid, int(children[0])])
         from bench.peers import llama_server
+        from bench.serving import wait_health
 
         port = free_port()
         binary = a.llama_server or str(llama_server(backend.name))
@@ -179,21 +180,15 @@ for r in range({a.rounds}):
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         try:
             base = f"http://127.0.0.1:{port}"
-            for _ in range(600):
-                try:
-                    if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.2)
+            wait_health(base, peer)
             http("llama-server", base, [peer.pid])
         finally:
             peer.terminate()
             peer.wait(30)
 
     print(f"median over {a.rounds} rounds of {a.tokens} tokens, {threads} threads, backend {backend.name}")
-    for name, vals in rows.items():
-        print(f"{name:<34} {vals[0] * 1e3:8.3f} ms" if "ms" not in name else f"{name:<34} {vals[0]:8.3f} ms")
+    for name, ms in rows.items():
+        print(f"{name:<38} {ms:8.3f} ms")
 
 
 if __name__ == "__main__":

@@ -15,12 +15,23 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from strata_core.build import EngineBuild
 
 pytestmark = pytest.mark.slow
+
+
+def run_script(script: str, engine: EngineBuild, model: Path) -> Any:
+    """Run ``script`` (with MODEL set) where the engine's libllama is importable (it must
+    load before numpy, so in a process of its own); the JSON its last line prints."""
+    env = {**os.environ, "PYTHONPATH": f"{engine.path}{os.pathsep}{Path(__file__).parents[1]}"}
+    code = f"MODEL = {str(model)!r}\n{script}"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 SCRIPT = textwrap.dedent(
     """
@@ -69,11 +80,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_padded_windows_keep_the_output_and_count_real_drafts(cpu_engine: EngineBuild, default_model: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": f"{cpu_engine.path}{os.pathsep}{Path(__file__).parents[1]}"}
-    code = f"MODEL = {str(default_model)!r}\n{SCRIPT}"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = run_script(SCRIPT, cpu_engine, default_model)
     off, on = out["0"], out["7"]
     assert on["tokens"] == off["tokens"]
     stats, windows = on["stats"], on["windows"]
@@ -129,11 +136,7 @@ def test_the_guard_shuts_windows_a_wrong_cost_model_opens(cpu_engine: EngineBuil
     """Windows the cost model proposes but that realise fewer tokens per second than plain
     steps (on two CPU cores eight rows cost several steps, and sampled text at temperature
     1.5 keeps few drafts) are shut by the guard, whatever the model says."""
-    env = {**os.environ, "PYTHONPATH": f"{cpu_engine.path}{os.pathsep}{Path(__file__).parents[1]}"}
-    code = f"MODEL = {str(default_model)!r}\n{GUARD_SCRIPT}"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = run_script(GUARD_SCRIPT, cpu_engine, default_model)
     unguarded, guarded = out["False"], out["True"]
 
     def rate(steps: list[list[float]], windowed: bool) -> float:
@@ -190,11 +193,7 @@ def test_a_gap_between_decoding_slots_is_filled_on_a_gpu(cpu_engine: EngineBuild
     micro-batches (no graph replays on a GPU); with shape costs on, slot 1 gets rows that
     are decoded and trimmed, the step is one micro-batch, and neither the other slots'
     tokens nor slot 1's cached prompt change."""
-    env = {**os.environ, "PYTHONPATH": f"{cpu_engine.path}{os.pathsep}{Path(__file__).parents[1]}"}
-    code = f"MODEL = {str(default_model)!r}\n{GAP_SCRIPT}"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = run_script(GAP_SCRIPT, cpu_engine, default_model)
     plain, filled = out["False"], out["True"]
     assert plain["parts"] == [2] and filled["parts"] == [1]  # the gap split the step, and was filled
     assert filled["tokens"] == plain["tokens"]

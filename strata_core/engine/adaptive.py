@@ -45,6 +45,17 @@ def expected_kept(alpha: Any, k: int) -> Any:
     return alpha * (1 - alpha**k) / (1 - alpha)
 
 
+def _best(rate: Callable[[int], float], k_max: int, was: int) -> int:
+    """The k in 0..k_max of the highest rate, where the incumbent ``was`` keeps its place
+    unless another beats it by ``MARGIN`` (step times are measured amid noise)."""
+    best_k = was if was <= k_max else 0
+    best = MARGIN * rate(best_k)
+    for k in range(k_max + 1):
+        if k != best_k and (r := rate(k)) > best:
+            best_k, best = k, r
+    return best_k
+
+
 def window_size(
     alpha: float, k_max: int, seconds: Callable[[int], float], rows: int, tokens: float,
     drafts: int | None = None, was: int = 0, switch: float = 0.0, trust: float = 1.0,
@@ -67,12 +78,7 @@ def window_size(
         extra = 0.0 if k == was else switch
         return (tokens + trust * expected_kept(alpha, min(k, drafts))) / (seconds(rows + k) + extra)
 
-    best_k = was if was <= k_max else 0
-    best = MARGIN * rate(best_k)
-    for k in range(k_max + 1):
-        if k != best_k and (r := rate(k)) > best:
-            best_k, best = k, r
-    return best_k
+    return _best(rate, k_max, was)
 
 
 def uniform_window(
@@ -95,12 +101,7 @@ def uniform_window(
         kept = sum(expected_kept(alpha, min(w, drafts)) for alpha, drafts in offers)
         return (tokens + trust * kept) / (seconds(rows + len(offers) * w) + (0.0 if w == was else switch))
 
-    best_w = was if was <= k_max else 0
-    best = MARGIN * rate(best_w)
-    for w in range(k_max + 1):
-        if w != best_w and (r := rate(w)) > best:
-            best_w, best = w, r
-    return best_w
+    return _best(rate, k_max, was)
 
 
 def micro_batches(rows: Sequence[tuple[int, int]]) -> int:
