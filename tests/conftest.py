@@ -7,12 +7,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from strata_core.backends.cpu import CpuBackend
 from strata_core.build import EngineBuild, ensure_engine
 from strata_core.config import load_config
 from strata_core.models import default_model_path
 from strata_core.testing.harness import Server
+
+# Property tests check results, never speed: on a loaded two-core machine (a test server
+# decoding beside them) an example's time says nothing, so no example has a deadline.
+# Speed is measured in bench/, against peers in the same run.
+settings.register_profile("strata", deadline=None)
+settings.load_profile("strata")
 
 
 @pytest.fixture(scope="session")

@@ -261,9 +261,10 @@ def test_body_must_be_an_object(body: Any) -> None:
 
 
 def test_limits() -> None:
-    assert MAX_N == 16
-    assert parse_request(ChatRequest, chat(n=16)).n == 16
+    assert parse_request(ChatRequest, chat(n=MAX_N)).n == MAX_N
+    assert refused(ChatRequest, chat(n=MAX_N + 1)).param == "n"
     assert parse_request(ChatRequest, chat(stop=["a", "b", "c", "d"])).stop_list() == list("abcd")
+    assert refused(ChatRequest, chat(stop=["a", "b", "c", "d", "e"])).param == "stop"
 
 
 @pytest.mark.parametrize("name", ["functions", "function_call"])

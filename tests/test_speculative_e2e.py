@@ -113,8 +113,14 @@ def test_adaptive_windows_open_only_where_they_pay(
 
 
 def test_unknown_spec_mode_is_refused(engine: EngineProcess, copy_prompt: list[int]) -> None:
-    events = engine.run("bad", copy_prompt, max_tokens=4, spec="draft")
-    assert isinstance(events[0], proto.Error) and "spec" in events[0].message
+    events = engine.run("bad", copy_prompt, max_tokens=4, spec="lookahead")
+    assert isinstance(events[0], proto.Error) and "spec='lookahead' is not supported" in events[0].message
+    assert isinstance(events[-1], proto.Done) and events[-1].reason == "error"
+
+
+def test_draft_mode_without_a_draft_model_is_refused(engine: EngineProcess, copy_prompt: list[int]) -> None:
+    events = engine.run("nodraft", copy_prompt, max_tokens=4, spec="draft")
+    assert isinstance(events[0], proto.Error) and "needs a draft model" in events[0].message
     assert isinstance(events[-1], proto.Done) and events[-1].reason == "error"
 
 
@@ -135,7 +141,8 @@ def test_server_reports_speculation_and_honours_the_switch(cpu_engine: EngineBui
         assert "speculative" not in off["usage"]
         assert on["choices"][0]["message"]["content"] == off["choices"][0]["message"]["content"]
         metrics = httpx.get(f"{srv.base}/metrics").text
-        assert "strata_spec_drafted_tokens_total 0.0" not in metrics
+        drafted = on["usage"]["speculative"]["drafted_tokens"]
+        assert f"strata_spec_drafted_tokens_total {float(drafted)}" in metrics, metrics
         # A request naming a seed decodes alone and without windows ([sampling]
         # exact_seed_replay), so it replays exactly whatever runs beside it.
         seeded = {**body, "seed": 5, "temperature": 0.7}

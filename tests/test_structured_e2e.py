@@ -59,6 +59,7 @@ def test_parse_with_a_pydantic_model(client: openai.OpenAI) -> None:
                                       response_format=Capital, max_tokens=120)  # fmt: skip
     parsed = r.choices[0].message.parsed
     assert isinstance(parsed, Capital), r
+    jsonschema.validate(json.loads(r.choices[0].message.content or ""), Capital.model_json_schema())
 
 
 @pytest.mark.parametrize("top", [0, 3])
@@ -89,10 +90,10 @@ def test_streamed_json_schema_parses(client: openai.OpenAI) -> None:
 
 
 def test_completions_take_response_format(client: openai.OpenAI) -> None:
+    numbers = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}, "maxItems": 3}
     r = client.completions.create(model=MODEL, prompt="A JSON list of three small numbers:", max_tokens=40,
-                                  extra_body={"response_format": schema_format(
-                                      {"type": "array", "items": {"type": "integer"}, "maxItems": 3})})  # fmt: skip
-    assert isinstance(json.loads(r.choices[0].text), list)
+                                  extra_body={"response_format": schema_format(numbers)})  # fmt: skip
+    jsonschema.validate(json.loads(r.choices[0].text), numbers)
 
 
 @pytest.mark.parametrize(

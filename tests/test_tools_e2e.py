@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import openai
 import pytest
 
@@ -266,9 +267,10 @@ def test_forced_call(api: openai.OpenAI, tools_server: Server, choice: Any) -> N
     c = r.choices[0]
     assert c.finish_reason == "tool_calls" and c.message.tool_calls
     names = {"get_weather", "get_time"} if choice == "required" else {"get_time"}
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, CLOCK)}
     for call in c.message.tool_calls:
         assert call.function.name in names
-        assert isinstance(json.loads(call.function.arguments), dict)
+        jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
     assert c.logprobs.content
     # streamed, the same calls
     deltas = []
