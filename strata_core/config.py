@@ -82,7 +82,7 @@ class SpeculativeConfig(_Section):
     #: mode "draft": a GGUF sharing the target's vocabulary (a path or an alias).
     draft_model: str | None = None
     #: mode "draft": the confidence gate tau; a proposal whose draft probability is
-    #: below it ends the window (reference/002). 0 offers every draw.
+    #: below it ends the window (docs/architecture.md, "Speculative decoding"). 0 offers every draw.
     threshold: float = Field(default=0.1, ge=0.0, le=1.0)
     #: mode "ngram": open a window only where it pays, judged from the measured cost of a
     #: step's rows and each request's acceptance; false opens one at every n-gram match.

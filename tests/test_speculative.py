@@ -55,7 +55,7 @@ def naive_gated_window(
     tau: Any,
     uniforms: WindowUniforms,
 ) -> WindowResult:
-    """NEGATIVE CONTROL, never use: reference/002's original, biased rule. The gate only
+    """NEGATIVE CONTROL, never use: the original, biased form of the gated rule. The gate only
     decides what is offered; the verifier still uses the unfiltered q (accept with
     min(1, p/q), residual (p - q)+) and a failed gate becomes a plain target sample."""
     for i, x in enumerate(drafted):
@@ -365,7 +365,7 @@ def test_gated_window_emits_the_target_law_random(seed: int) -> None:
 
 
 def test_reference_case_correct_and_naive_rule() -> None:
-    """reference/002: p=(0.5,0.5), q=(0.875,0.125), threshold 0.5."""
+    """The gated rule's worked example: p=(0.5,0.5), q=(0.875,0.125), threshold 0.5."""
     p_of, q_of = (lambda ctx: REF_P), (lambda ctx: REF_Q)
     assert first_token(window_law(verify_window, p_of, q_of, F(1, 2), 1)) == {
         0: F(1, 2),

@@ -25,9 +25,9 @@ KNOWN_KEYS = frozenset(
         "bias", "stop_ids", "grammar", "spec", "cache", "isolate",
     }
 )  # fmt: skip
-"""The GEN keys this engine reads (DESIGN.md, "Engine protocol"); any other is warned about.
+"""The GEN keys this engine reads (docs/architecture.md, "Engine protocol"); any other is warned about.
 
-Beyond DESIGN.md's list:
+In more detail:
 
 ``logprobs_mode`` (``raw|processed``, default ``raw``) -- which distribution the ``LP``
 lines describe. ``raw``: the model's, before bias, penalties, grammar and temperature

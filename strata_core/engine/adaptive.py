@@ -1,5 +1,5 @@
-"""When a speculative window pays, and how long it should be (DESIGN.md, "Speculative
-decoding", adaptive).
+"""When a speculative window pays, and how long it should be (docs/architecture.md,
+"Speculative decoding").
 
 A window of k drafts adds k rows to a decode step. What a row costs is measured, not
 assumed: ``StepCost`` averages the seconds of each decode-and-sample step by the rows it

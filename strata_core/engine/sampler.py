@@ -1,6 +1,6 @@
 """The sampling chain, on one float32 host logits row (numpy).
 
-Order (DESIGN.md): logit bias -> allowed / grammar mask -> penalties -> top_k -> min_p ->
+Order (docs/architecture.md, "Sampling"): logit bias -> allowed / grammar mask -> penalties -> top_k -> min_p ->
 top_p -> temperature -> draw; temperature 0 is argmax (ties to the lower id) after the
 first three, and a request with no keys is one argmax over the raw row.
 

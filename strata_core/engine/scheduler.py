@@ -494,7 +494,7 @@ class Scheduler:
             self._after_window(slot, req, drafts, min(kept, drafts))
 
     def _verify_gated(self, slot: Slot, idx: int, prop: Proposal) -> None:
-        """Verify a draft-model window (reference/002) and emit what it keeps: its accepted
+        """Verify a draft-model window (the gated rule, speculative.py) and emit what it keeps: its accepted
         drafts, then the residual or bonus sample."""
         req, drafter = slot.req, self.drafter
         assert req is not None and drafter is not None and prop.q_rows is not None

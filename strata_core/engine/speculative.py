@@ -1,11 +1,11 @@
 """Speculative decoding: drafting and verification over probability rows (numpy).
 
-Two kinds of drafts (DESIGN.md, "Speculative decoding"):
+Two kinds of drafts (docs/architecture.md, "Speculative decoding"):
 
 * point-mass drafts (n-gram lookup): the target samples every window row with the normal
   sampler, and a draft is kept while it equals the target's own sample (``verify_exact``);
   greedy and seeded runs emit the same tokens with speculation on and off.
-* drafts with a known q (draft model): the gated proposal of reference/002. The gate
+* drafts with a known q (draft model): the gated proposal. The gate
   admits A = {x : q(x) >= tau}; the retained measure mu is q on A and 0 elsewhere, not
   renormalised, and the missing mass 1 - sum(mu) is an explicit NULL outcome. The drafter
   draws D ~ q and offers it if the gate admits it, else NULL; so it offers x with
@@ -13,8 +13,7 @@ Two kinds of drafts (DESIGN.md, "Speculative decoding"):
   rejection and NULL emit a sample of r = (p - mu)+ / sum((p - mu)+). Then
   P(emit x) = min(p, mu)(x) + (1 - sum(min(p, mu))) * r(x) = min(p, mu)(x) + (p - mu)+(x)
   = p(x), since 1 - sum(min(p, mu)) = sum(p - min(p, mu)) = sum((p - mu)+).
-  The proof holds for any admitted set; reference/002 does not say whether a q equal to
-  tau passes, and ``admitted`` (q >= tau) is our choice.
+  The proof holds for any admitted set; a q equal to tau passes (``admitted``: q >= tau).
 
 p is the distribution the target actually samples from (after its whole sampling chain).
 Every function takes its rows as numpy arrays or Python sequences; a row of Fractions
