@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from strata_core import openai as oai
+from strata_core import bodies
 from strata_core.logprobs import Aligner, Entry, Span
 from strata_core.reader import TokenEvent
 from strata_core.reasoning import Piece, ThinkSplitter
@@ -26,7 +26,7 @@ class Delta:
 
     text: str
     finish: str | None = None
-    usage: oai.Usage | None = None
+    usage: bodies.Usage | None = None
     entries: list[Entry] | None = None
     reasoning: str = ""
     reasoning_entries: list[Entry] | None = None
@@ -62,11 +62,11 @@ class ChoiceText:
     """
 
     def __init__(
-        self, pieces: list[bytes], stops: list[str], top_k: int | None, shape: ChatShape | None = None
+        self, pieces: list[bytes], stops: list[str], alternatives: int | None, shape: ChatShape | None = None
     ) -> None:
         self._matcher = StopMatcher(stops)
         self._detok = Detokenizer(pieces)
-        self._aligner = None if top_k is None else Aligner(pieces, top_k)
+        self._aligner = None if alternatives is None else Aligner(pieces, alternatives)
         self._think = None if shape is None else ThinkSplitter(shape.thinking)
         self._tools = None if shape is None or shape.dialect is None else ToolCallParser(shape.dialect)
         self._spans: dict[str, Span] = {}  # "reasoning" / "content", opened at their start

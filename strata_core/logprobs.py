@@ -18,7 +18,7 @@ Rules (the server relies on them; tests/test_logprobs.py checks each):
   newlines after it, an empty piece, bytes of a character the span leaves out) are left
   out. The stop token never reaches us: the engine does not emit it.
 * ``top`` alternatives are the engine's, sorted by logprob (ties to the lower id), at
-  most ``top_k`` (``()`` for 0). An alternative's ``token`` is its own piece decoded
+  most ``alternatives`` (``()`` for 0). An alternative's ``token`` is its own piece decoded
   alone with ``errors="replace"`` (as OpenAI and vLLM do), so a piece that is part of a
   character reads as U+FFFD; its ``bytes`` are the exact truth. The chosen token in its
   own ``top`` therefore may read differently from the entry's ``token``: match by
@@ -127,11 +127,11 @@ class Aligner:
     ``entries(start, end)`` gives the entries spelling ``text[start:end]``.
     """
 
-    def __init__(self, pieces: Sequence[bytes], top_k: int = 0) -> None:
-        if not 0 <= top_k <= MAX_TOP:
-            raise ValueError(f"top_k = {top_k} is out of range (expected 0..{MAX_TOP})")
+    def __init__(self, pieces: Sequence[bytes], alternatives: int = 0) -> None:
+        if not 0 <= alternatives <= MAX_TOP:
+            raise ValueError(f"alternatives = {alternatives} is out of range (expected 0..{MAX_TOP})")
         self.pieces = pieces
-        self.top_k = top_k
+        self.alternatives = alternatives
         self._dec = codecs.getincrementaldecoder("utf-8")("replace")
         self._raw = bytearray()
         self._ends: list[int] = []  # byte offset where each character of the text ends
@@ -214,8 +214,8 @@ class Aligner:
         raw = bytes(self._raw[lo:hi]) if lo < hi else b""
         lp = t.lp
         top: tuple[Alt, ...] = ()
-        if lp is not None and self.top_k:
-            best = sorted(lp.top, key=lambda a: (-a[1], a[0]))[: self.top_k]
+        if lp is not None and self.alternatives:
+            best = sorted(lp.top, key=lambda a: (-a[1], a[0]))[: self.alternatives]
             top = tuple(self._alt(i, v) for i, v in best)
         return Entry(
             id=t.id,
@@ -318,7 +318,7 @@ def legacy(entries: Sequence[Entry], text_offset0: int = 0) -> dict[str, list[An
     """``/v1/completions`` logprobs: four arrays of equal length.
 
     ``top_logprobs`` maps each alternative's token text to its logprob, at most the
-    aligner's ``top_k``; when two alternatives read the same (two pieces of one
+    aligner's ``alternatives``; when two alternatives read the same (two pieces of one
     character both read U+FFFD) the more likely one keeps the key. ``text_offset`` is
     each token's character offset in the text, from ``text_offset0`` (the prompt's length
     with ``echo``); it does not decrease, and a token that completes no character has

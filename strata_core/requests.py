@@ -351,7 +351,7 @@ class BaseRequest(_Strict):
         """The most tokens to generate, or None for "until stop or the context ends"."""
         return self.max_tokens
 
-    def top_logprobs_k(self) -> int | None:
+    def logprob_alternatives(self) -> int | None:
         """Alternatives per token when logprobs are asked for (0..20), else None."""
         return None
 
@@ -520,7 +520,7 @@ class ChatRequest(BaseRequest):
             raise _invalid(f"top_logprobs ({value}) and logprobs ({asked}) disagree; send one")
         return value
 
-    def top_logprobs_k(self) -> int | None:
+    def logprob_alternatives(self) -> int | None:
         if self.logprobs is None or self.logprobs is False:
             return None
         if self.logprobs is True:
@@ -581,7 +581,7 @@ class CompletionRequest(BaseRequest):
             )
         return value
 
-    def top_logprobs_k(self) -> int | None:
+    def logprob_alternatives(self) -> int | None:
         return self.logprobs
 
     @field_validator("prompt", mode="plain")

@@ -95,7 +95,7 @@ def sampling_keys(
     if req.allowed_token_ids is not None:
         keys["allowed"] = ",".join(str(t) for t in req.allowed_token_ids)
 
-    top = req.top_logprobs_k()
+    top = req.logprob_alternatives()
     if top is not None:
         keys["logprobs"] = str(top)
         if req.logprobs_mode == "processed":

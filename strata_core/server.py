@@ -15,7 +15,7 @@ from typing import Any, TypeVar, cast
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from strata_core import openai as oai
+from strata_core import bodies
 from strata_core import protocol as proto
 from strata_core.chat import FALLBACK_TEMPLATE, ChatTemplate, TemplateError
 from strata_core.choice import ChatShape, ChoiceText, Delta, carry, joined
@@ -164,13 +164,13 @@ class Service:
         prompt: list[int],
         keys: dict[str, str],
         stops: list[str],
-        top_k: int | None = None,
+        alternatives: int | None = None,
         echo: str = "",
         shape: ChatShape | None = None,
     ) -> AsyncIterator[Delta]:
         """Send GEN now (so an unavailable engine fails before the first byte).
 
-        ``top_k``: logprobs with that many alternatives per token, None for none;
+        ``alternatives``: logprobs with that many alternatives per token, None for none;
         ``echo``: text shown before the generated text (completions' ``echo``);
         ``shape``: a chat reply's reasoning / tool-call split (None: plain text).
         """
@@ -180,7 +180,7 @@ class Service:
             raise ApiError(503, f"the engine is unavailable: {exc}", type="server_error",
                            code="engine_unavailable") from None
         self.metrics.requests.inc()
-        return self._follow(stream, ChoiceText(self.pieces, stops, top_k, shape), echo)
+        return self._follow(stream, ChoiceText(self.pieces, stops, alternatives, shape), echo)
 
     async def _follow(self, stream: Any, choice: ChoiceText, echo: str) -> AsyncIterator[Delta]:
         t0 = time.perf_counter()
@@ -220,7 +220,7 @@ class Service:
         if ev.error is not None or ev.reason == "error":
             self.metrics.errors.inc()
             raise EngineUnavailable(ev.error or "the engine failed the request")
-        usage = oai.Usage(
+        usage = bodies.Usage(
             prompt=int(ev.stats.get("prompt", 0)),
             completion=int(ev.stats.get("gen", 0)),
             cached=int(ev.stats.get("cached", 0)),
@@ -272,15 +272,15 @@ class Collected:
 
     text: str
     finish: str
-    usage: oai.Usage
+    usage: bodies.Usage
     entries: list[Entry] | None  # None: logprobs were not asked for
     reasoning: str = ""
     reasoning_entries: list[Entry] | None = None
     tool_calls: list[ToolCall] | None = None
 
-    def choice(self, index: int, chat: bool) -> oai.Choice:
+    def choice(self, index: int, chat: bool) -> bodies.Choice:
         lp = _logprobs_body(self.entries, chat, reasoning=self.reasoning_entries)
-        return oai.Choice(index, self.text, self.finish, lp, self.reasoning, self.tool_calls)
+        return bodies.Choice(index, self.text, self.finish, lp, self.reasoning, self.tool_calls)
 
 
 async def _collect(it: AsyncIterator[Delta]) -> Collected:
@@ -292,7 +292,7 @@ async def _collect(it: AsyncIterator[Delta]) -> Collected:
         whole.reasoning_entries = joined(whole.reasoning_entries, d.reasoning_entries)
         if d.finish is not None:
             return Collected(
-                whole.text, d.finish, d.usage or oai.Usage(), whole.entries,
+                whole.text, d.finish, d.usage or bodies.Usage(), whole.entries,
                 whole.reasoning, whole.reasoning_entries or None, d.tool_calls,
             )  # fmt: skip
     raise EngineUnavailable("the engine ended the request without DONE")
@@ -313,8 +313,8 @@ def _logprobs_body(
     if entries is None:
         return None
     if chat:
-        return oai.chat_logprobs(entries, reasoning)
-    return oai.completion_logprobs(entries, offset)
+        return bodies.chat_logprobs(entries, reasoning)
+    return bodies.completion_logprobs(entries, offset)
 
 
 def _chat_parts(d: Delta) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
@@ -322,7 +322,7 @@ def _chat_parts(d: Delta) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
     content and tool calls (the last part takes the finish reason)."""
     parts: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
     if d.reasoning or d.reasoning_entries:
-        lp = None if d.entries is None else oai.chat_logprobs([], d.reasoning_entries)
+        lp = None if d.entries is None else bodies.chat_logprobs([], d.reasoning_entries)
         parts.append(({"reasoning_content": d.reasoning} if d.reasoning else {}, lp))
     delta: dict[str, Any] = {}
     if d.text:
@@ -415,9 +415,9 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
         constraint = constraint_for(req.response_format)
         seed = resolve_seed(req.seed)
         max_new = [service.check_lengths(p, req, param) for p in prompts]
-        rid = oai.new_id("chatcmpl" if chat else "cmpl")
+        rid = bodies.new_id("chatcmpl" if chat else "cmpl")
         stops = req.stop_list()
-        top_k = req.top_logprobs_k()
+        alternatives = req.logprob_alternatives()
         iters = []
         for pi, prompt in enumerate(prompts):
             echo = echoes[pi] if echoes else ""
@@ -426,7 +426,7 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
                 if constraint is not None:
                     keys["grammar"] = constraint.gen_value()
                 keys.update(extra_keys or {})
-                iters.append(service.start_choice(prompt, keys, stops, top_k, echo, shape))
+                iters.append(service.start_choice(prompt, keys, stops, alternatives, echo, shape))
         headers = {"x-strata-seed": str(seed)}
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -440,13 +440,13 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
         except EngineUnavailable as exc:
             raise ApiError(503, f"the engine failed: {exc}", type="server_error",
                            code="engine_unavailable") from None
-        usage = oai.Usage(prompt=sum(len(p) for p in prompts))
+        usage = bodies.Usage(prompt=sum(len(p) for p in prompts))
         for i, r in enumerate(results):
             usage.add_choice(r.usage, first_of_prompt=i % req.n == 0)
         if constraint is not None and not echoes:  # an echoed prompt is not part of the value
             results = [_reconciled(r, constraint) for r in results]
         choices = [r.choice(i, chat) for i, r in enumerate(results)]
-        build = oai.chat_response if chat else oai.completion_response
+        build = bodies.chat_response if chat else bodies.completion_response
         return JSONResponse(build(rid, service.model_id, choices, usage, seed), headers=headers)
 
     async def _stream(
@@ -457,7 +457,7 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
         prompts: list[list[int]],
         n: int,
     ) -> AsyncIterator[bytes]:
-        created = oai.now()
+        created = bodies.now()
         model = service.model_id
         queue: asyncio.Queue[tuple[int, Delta | BaseException | None]] = asyncio.Queue()
 
@@ -472,13 +472,13 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
                     raise
 
         tasks = [asyncio.create_task(pump(i, it)) for i, it in enumerate(iters)]
-        usage = oai.Usage(prompt=sum(len(p) for p in prompts))
+        usage = bodies.Usage(prompt=sum(len(p) for p in prompts))
         open_choices = len(iters)
         offsets = [0] * len(iters)  # where each choice's next entry starts in its text
         try:
             if chat:
                 for i in range(len(iters)):
-                    yield oai.sse(oai.chat_chunk(rid, model, created, i, {"role": "assistant", "content": ""}, None))
+                    yield bodies.sse(bodies.chat_chunk(rid, model, created, i, {"role": "assistant", "content": ""}, None))
             while open_choices:
                 i, item = await queue.get()
                 if item is None:
@@ -488,8 +488,8 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
                     msg = str(item) or type(item).__name__
                     err = ApiError(503, f"the engine failed: {msg}", type="server_error",
                                    code="engine_unavailable")
-                    yield oai.sse(err.body())
-                    yield oai.sse("[DONE]")
+                    yield bodies.sse(err.body())
+                    yield bodies.sse("[DONE]")
                     return
                 if item.usage is not None:
                     usage.add_choice(item.usage, first_of_prompt=i % n == 0)
@@ -497,17 +497,17 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
                     parts = _chat_parts(item)
                     for k, (delta, lp) in enumerate(parts):
                         finish = item.finish if k == len(parts) - 1 else None
-                        yield oai.sse(oai.chat_chunk(rid, model, created, i, delta, finish, lp))
+                        yield bodies.sse(bodies.chat_chunk(rid, model, created, i, delta, finish, lp))
                 elif item.text or item.finish or item.entries:
                     lp = _logprobs_body(item.entries, chat, offsets[i])
                     offsets[i] += sum(len(e.token) for e in item.entries or ())
-                    yield oai.sse(
-                        oai.completion_chunk(rid, model, created, i, item.text, item.finish, lp)
+                    yield bodies.sse(
+                        bodies.completion_chunk(rid, model, created, i, item.text, item.finish, lp)
                     )
             if include_usage:
                 obj = "chat.completion.chunk" if chat else "text_completion"
-                yield oai.sse(oai.usage_chunk(rid, model, created, obj, usage))
-            yield oai.sse("[DONE]")
+                yield bodies.sse(bodies.usage_chunk(rid, model, created, obj, usage))
+            yield bodies.sse("[DONE]")
         finally:
             for t in tasks:
                 t.cancel()

@@ -34,8 +34,8 @@ def lp(logprob: float, *top: tuple[int, float]) -> Logprob:
     return Logprob("r", logprob, tuple(top))
 
 
-def run(ids: list[int], top_k: int = 0, lps: list[Logprob] | None = None) -> Aligner:
-    a = Aligner(PIECES, top_k)
+def run(ids: list[int], alternatives: int = 0, lps: list[Logprob] | None = None) -> Aligner:
+    a = Aligner(PIECES, alternatives)
     for n, i in enumerate(ids):
         a.add(i, lps[n] if lps else lp(-0.5 - n))
     a.flush()
@@ -169,7 +169,7 @@ def test_bad_spans_are_refused():
         a.entries(0, 6)
     with pytest.raises(ValueError, match="token id 999 is out of range"):
         Aligner(PIECES).add(999)
-    with pytest.raises(ValueError, match="top_k = 21"):
+    with pytest.raises(ValueError, match="alternatives = 21"):
         Aligner(PIECES, 21)
     with pytest.raises(RuntimeError, match="after flush"):
         a.add(0)
@@ -199,7 +199,7 @@ def test_span_holds_a_token_until_its_text_is_released():
 
 def test_alternatives_sorted_cut_to_k_with_their_own_text_and_bytes():
     top = ((V[b"!"], -2.0), (V[b"\x98\x80"], -0.1), (V[b"A"], -2.0), (V[b"\xe6\x9d\xb1"], -1.0))
-    a = Aligner(PIECES, top_k=3)
+    a = Aligner(PIECES, alternatives=3)
     a.add(V[b"\xf0\x9f"], lp(-0.2, *top))
     a.add(V[b"\x98\x80"], lp(-0.1, *top))
     e = a.entries()[1]
@@ -218,7 +218,7 @@ def test_alternatives_sorted_cut_to_k_with_their_own_text_and_bytes():
 
 
 def test_chat_shape_and_json_safe_logprobs():
-    a = Aligner(PIECES, top_k=2)
+    a = Aligner(PIECES, alternatives=2)
     a.add(V[b"A"], lp(-math.inf, (V[b"A"], -math.inf), (V[b"!"], -math.inf)))
     a.add(V[b"!"], None)  # a token whose LP line never came
     es = [e.chat() for e in a.entries()]
@@ -238,7 +238,7 @@ def test_chat_shape_and_json_safe_logprobs():
 def test_legacy_arrays_offsets_and_key_collisions():
     top = ((V[b"\x98"], -0.5), (V[b"\x80"], -0.7), (V[b"A"], -0.9))
     lps = [lp(-0.1, *top), lp(-0.2, *top), lp(-0.3, *top), lp(-0.4, *top)]
-    a = run(ids(b"Hello", b"\xf0\x9f", b"\x98\x80", b"!"), top_k=3, lps=lps)
+    a = run(ids(b"Hello", b"\xf0\x9f", b"\x98\x80", b"!"), alternatives=3, lps=lps)
     out = legacy(a.entries(), text_offset0=7)
     assert set(out) == {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
     assert len({len(v) for v in out.values()}) == 1

@@ -89,8 +89,8 @@ def test_prompt_opens_think() -> None:
 PIECES = [b"<think>", b"</think>", b"\n", b"Hi", b" there", b"\xe2\x82", b"\xac", b"</", b"think>\n\nok", b"4"]
 
 
-def choice_of(ids: list[int], thinking: bool = False, top_k: int | None = 0) -> dict[str, object]:
-    ct = ChoiceText(list(PIECES), [], top_k, ChatShape(thinking))
+def choice_of(ids: list[int], thinking: bool = False, alternatives: int | None = 0) -> dict[str, object]:
+    ct = ChoiceText(list(PIECES), [], alternatives, ChatShape(thinking))
     reasoning, content = "", ""
     r_entries: list[bytes] = []
     c_entries: list[bytes] = []
@@ -119,5 +119,5 @@ def test_choice_entries_spell_reasoning_and_content(
 ) -> None:
     got = choice_of(ids, thinking)
     assert got == {"reasoning": reasoning, "content": content, "r": reasoning, "c": content}
-    plain = choice_of(ids, thinking, top_k=None)  # without logprobs: the same text
+    plain = choice_of(ids, thinking, alternatives=None)  # without logprobs: the same text
     assert (plain["reasoning"], plain["content"]) == (reasoning, content)

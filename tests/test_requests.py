@@ -230,7 +230,7 @@ def test_top_logprobs_without_logprobs_message() -> None:
     ],
 )
 def test_chat_logprobs_forms(fields: dict[str, Any], k: int | None) -> None:
-    assert parse_request(ChatRequest, chat(**fields)).top_logprobs_k() == k
+    assert parse_request(ChatRequest, chat(**fields)).logprob_alternatives() == k
 
 
 @pytest.mark.parametrize(
@@ -240,7 +240,7 @@ def test_chat_logprobs_forms(fields: dict[str, Any], k: int | None) -> None:
 )  # fmt: skip
 def test_completion_logprobs_forms(fields: dict[str, Any], k: int | None) -> None:
     req = parse_request(CompletionRequest, {"prompt": "x", **fields})
-    assert req.top_logprobs_k() == k
+    assert req.logprob_alternatives() == k
 
 
 def test_echo_and_extensions_are_accepted() -> None:

@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             mode = cmd.keys.get("logprobs_mode", "raw")
             if mode not in LOGPROBS_MODES:
                 raise ValueError(f"logprobs_mode={mode!r} is not valid: expected raw or processed")
-            grammar = grammars.constraint(cmd.keys["grammar"]) if "grammar" in cmd.keys else None
+            grammar = grammars.matcher(cmd.keys["grammar"]) if "grammar" in cmd.keys else None
         except ValueError as exc:
             return fail(str(exc))
         sched.submit(

@@ -1,7 +1,7 @@
 """Constrained decoding with llguidance: grammar sources, and one matcher per request.
 
 A request's ``grammar`` GEN value (protocol.parse_grammar) becomes an llguidance grammar
-(``llguidance_grammar``), then a :class:`Constraint` over the engine's one tokenizer. Before
+(``llguidance_grammar``), then a :class:`GrammarMatcher` over the engine's one tokenizer. Before
 each sample the constraint gives the permitted tokens as a boolean row (the sampler's
 ``mask``); the sampled token is then consumed. The matcher only ever consumes emitted
 tokens, so a speculative window needs no rollback: each row is sampled under the mask of
@@ -52,7 +52,7 @@ def grammar_error(grammar: str) -> str:
     return llguidance.LLMatcher.validate_grammar(grammar)
 
 
-class Constraint:
+class GrammarMatcher:
     """One request's matcher: the permitted tokens before a sample, and the tokens taken."""
 
     def __init__(self, matcher: llguidance.LLMatcher, n_vocab: int) -> None:
@@ -85,7 +85,7 @@ class Constraint:
 
 class Grammars:
     """The engine's grammar facility: one llguidance tokenizer, built on first use so a
-    request without a grammar never pays for it, and a Constraint per request."""
+    request without a grammar never pays for it, and a GrammarMatcher per request."""
 
     def __init__(self, make_tokenizer: Callable[[], llguidance.LLTokenizer], n_vocab: int) -> None:
         self._make_tokenizer = make_tokenizer
@@ -98,8 +98,8 @@ class Grammars:
             self._tokenizer = self._make_tokenizer()
         return self._tokenizer
 
-    def constraint(self, value: str) -> Constraint:
-        """A Constraint for a ``grammar`` GEN value; ValueError saying why it is refused."""
+    def matcher(self, value: str) -> GrammarMatcher:
+        """A GrammarMatcher for a ``grammar`` GEN value; ValueError saying why it is refused."""
         try:
             kind, text = proto.parse_grammar(value)
             grammar = llguidance_grammar(kind, text)
@@ -108,7 +108,7 @@ class Grammars:
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise ValueError(f"grammar is not valid: {_one_line(matcher.get_error())}")
-        return Constraint(matcher, self.n_vocab)
+        return GrammarMatcher(matcher, self.n_vocab)
 
 
 def _one_line(message: str) -> str:

@@ -32,7 +32,7 @@ from strata_core.engine.adaptive import (
     window_size,
 )
 from strata_core.engine.drafter import DraftJob, DraftModel
-from strata_core.engine.grammar import Constraint
+from strata_core.engine.grammar import GrammarMatcher
 from strata_core.engine.llama import Batch, Llama
 from strata_core.engine.prompt_cache import SavedPrompts
 from strata_core.engine.sampler import (
@@ -64,7 +64,7 @@ class Request:
     #: decoded in a batch of its own and without windows, so its numerics never depend on
     #: what else runs (exact seeded replay on backends whose kernels follow batch shape)
     isolate: bool = False
-    grammar: Constraint | None = None  # constrained decoding: the mask before each sample
+    grammar: GrammarMatcher | None = None  # constrained decoding: the mask before each sample
     drafted: int = 0
     accepted: int = 0
     acceptance: Acceptance = field(default_factory=Acceptance)  # of n-gram drafts, real or shadow
