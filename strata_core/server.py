@@ -20,8 +20,8 @@ from strata_core import protocol as proto
 from strata_core.chat import FALLBACK_TEMPLATE, ChatTemplate, TemplateError
 from strata_core.choice import ChatShape, ChoiceText, Delta, carry, joined
 from strata_core.config import Config
-from strata_core.engine.grammar import grammar_error, llguidance_grammar
 from strata_core.errors import ApiError
+from strata_core.grammars import grammar_error, llguidance_grammar
 from strata_core.logprobs import Entry
 from strata_core.metrics import Metrics
 from strata_core.models import ALIASES

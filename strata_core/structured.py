@@ -1,6 +1,6 @@
 """Structured outputs: ``response_format`` -> an engine grammar, and the answer reconciled.
 
-Enforcement is the engine's (constrained decoding with llguidance, engine/grammar.py);
+Enforcement is the engine's (constrained decoding with llguidance, engine/grammar.py; the grammar sources in grammars.py);
 this module turns a request's ``response_format`` into the grammar it sends and checks
 what came back against the schema (jsonschema).
 
@@ -39,8 +39,8 @@ import jsonschema
 from jsonschema.exceptions import SchemaError
 
 from strata_core import protocol as proto
-from strata_core.engine.grammar import grammar_error, json_schema_grammar
 from strata_core.errors import ApiError
+from strata_core.grammars import grammar_error, json_schema_grammar
 from strata_core.logprobs import Entry, slice_entries
 from strata_core.requests import ResponseFormat
 
@@ -124,7 +124,7 @@ def _stripped(text: str, start: int, end: int) -> tuple[int, int]:
 
 def canonical_json(value: Any) -> str:
     """The form a recovered value is returned in: json.dumps' separators (the style the
-    grammar makes the model write, engine/grammar.JSON_STYLE), characters unescaped."""
+    grammar makes the model write, grammars.JSON_STYLE), characters unescaped."""
     return json.dumps(value, ensure_ascii=False)
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from strata_core.engine.grammar import JSON_STYLE
+from strata_core.grammars import JSON_STYLE
 from strata_core.text import held_prefix
 
 HERMES_OPEN = "<tool_call>"

@@ -14,7 +14,7 @@ import pytest
 from strata_core import protocol as proto
 from strata_core.backends.cpu import CpuBackend
 from strata_core.build import EngineBuild
-from strata_core.engine.grammar import json_schema_grammar
+from strata_core.grammars import json_schema_grammar
 from strata_core.testing.harness import EngineProcess
 
 pytestmark = pytest.mark.slow

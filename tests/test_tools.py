@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from strata_core.engine.grammar import grammar_error, llguidance_grammar
+from strata_core.grammars import grammar_error, llguidance_grammar
 from strata_core.tools import (
     CallDelta,
     Dialect,

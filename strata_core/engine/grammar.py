@@ -1,4 +1,4 @@
-"""Constrained decoding with llguidance: grammar sources, and one matcher per request.
+"""Constrained decoding with llguidance: one matcher per request (grammar sources: grammars.py).
 
 A request's ``grammar`` GEN value (protocol.parse_grammar) becomes an llguidance grammar
 (``llguidance_grammar``), then a :class:`GrammarMatcher` over the engine's one tokenizer. Before
@@ -11,45 +11,13 @@ the tokens kept before it, and the first mismatch ends the window (scheduler._ve
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import llguidance
 import numpy as np
 import numpy.typing as npt
 
 from strata_core import protocol as proto
-
-#: How constrained JSON is written: no free whitespace (a small model otherwise pads with
-#: newlines until max_tokens), json.dumps' separators. structured.canonical_json writes
-#: the same style, so a canonical answer looks like a constrained one.
-JSON_STYLE: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
-def json_schema_grammar(schema: dict[str, Any] | str, *, lenient: bool = False) -> str:
-    """The llguidance grammar for a JSON schema, in :data:`JSON_STYLE`.
-
-    ``lenient``: ignore keywords llguidance does not implement instead of refusing them.
-    """
-    options: Any = {**JSON_STYLE, "lenient": lenient}  # llguidance's JsonCompileOptions
-    return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=options)
-
-
-def llguidance_grammar(kind: str, text: str) -> str:
-    """An llguidance grammar for a ``grammar`` value's (kind, text); ValueError if malformed."""
-    if kind == proto.JSON_OBJECT:
-        return json_schema_grammar({"type": "object"})
-    if kind == "json_schema":
-        return json_schema_grammar(text)
-    if kind == "lark":
-        return llguidance.LLMatcher.grammar_from_lark(text)
-    if kind == "regex":
-        return llguidance.LLMatcher.grammar_from_regex(text)
-    return text  # "llguidance": already one
-
-
-def grammar_error(grammar: str) -> str:
-    """Why llguidance refuses ``grammar`` without a tokenizer, or ``""`` when it accepts it."""
-    return llguidance.LLMatcher.validate_grammar(grammar)
+from strata_core.grammars import llguidance_grammar
 
 
 class GrammarMatcher:
