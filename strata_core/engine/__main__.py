@@ -101,22 +101,27 @@ def step_trace(path: str | None) -> Callable[[dict[str, Any]], None] | None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The engine's options; their defaults are the configuration's (config.py), so a
+    default is written once."""
+    from strata_core.config import EngineConfig, SpeculativeConfig
+
+    eng, spec = EngineConfig(), SpeculativeConfig()
     ap = argparse.ArgumentParser(prog="python -m strata_core.engine")
     ap.add_argument("--model", required=True)
-    ap.add_argument("--n-ctx", type=int, default=4096, help="context per slot")
-    ap.add_argument("--parallel", type=int, default=4)
-    ap.add_argument("--n-batch", type=int, default=512)
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--n-ctx", type=int, default=eng.n_ctx, help="context per slot")
+    ap.add_argument("--parallel", type=int, default=eng.parallel)
+    ap.add_argument("--n-batch", type=int, default=eng.n_batch)
+    ap.add_argument("--threads", type=int, default=eng.threads)
     ap.add_argument("--n-gpu-layers", type=int, default=0)
     ap.add_argument("--flash-attn", choices=["on", "off", "auto"], default="auto")
     ap.add_argument("--backend", default="cpu")
-    ap.add_argument("--prompt-cache-mib", type=int, default=256, help="host memory for saved slot caches")
-    ap.add_argument("--spec-k", type=int, default=7, help="most tokens a speculative window proposes")
-    ap.add_argument(
-        "--spec-fixed", action="store_true", help="n-gram windows at every match, not only where they pay"
-    )
+    ap.add_argument("--prompt-cache-mib", type=int, default=eng.prompt_cache_mib,
+                    help="host memory for saved slot caches")  # fmt: skip
+    ap.add_argument("--spec-k", type=int, default=spec.k, help="most tokens a speculative window proposes")
+    ap.add_argument("--spec-fixed", action="store_true", default=not spec.adaptive,
+                    help="n-gram windows at every match, not only where they pay")  # fmt: skip
     ap.add_argument("--draft-model", help="a GGUF sharing the model's vocabulary, for spec=draft")
-    ap.add_argument("--spec-threshold", type=float, default=0.1, help="the draft model's confidence gate")
+    ap.add_argument("--spec-threshold", type=float, default=spec.threshold, help="the draft model's confidence gate")
     return ap.parse_args(argv)
 
 
