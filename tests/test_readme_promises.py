@@ -90,3 +90,20 @@ def test_frequency_penalty_over_http(client: openai.OpenAI) -> None:
     plain = most_repeated()
     assert plain >= 8  # the fixture: without the penalty one token comes back again and again
     assert most_repeated(frequency_penalty=1.5) < plain
+
+
+def test_auto_takes_the_first_backend_that_can_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`auto` means the first of cuda, hip, sycl, metal, cpu whose probe succeeds."""
+    from strata_core.backend import Probe, ProbeStatus
+    from strata_core.plugins import AUTO_ORDER, load_registry, select_backend
+
+    assert AUTO_ORDER == ("cuda", "hip", "sycl", "metal", "cpu")
+    reg = load_registry()
+    ok = Probe(ProbeStatus.OK, "stubbed ok", ())
+    refused = Probe(ProbeStatus.NO_DEVICE, "stubbed: no device", ())
+    for name in ("cuda", "hip", "sycl", "metal"):
+        monkeypatch.setattr(reg.backends[name].backend, "probe", lambda: refused)
+    assert select_backend(reg, "auto").name == "cpu"
+    for name in ("metal", "sycl", "hip", "cuda"):  # each one that can run beats those after it
+        monkeypatch.setattr(reg.backends[name].backend, "probe", lambda: ok)
+        assert select_backend(reg, "auto").name == name

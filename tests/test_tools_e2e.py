@@ -353,3 +353,36 @@ def test_reasoning_then_content_with_logprobs_split(api: openai.OpenAI) -> None:
     assert (streamed["reasoning"], streamed["content"]) == (reasoning, c.message.content)
     assert streamed["order"] == sorted(streamed["order"], key=lambda k: k != "reasoning")
     assert (streamed["r"], streamed["c"]) == (lp["reasoning_content"], lp["content"])
+
+
+# ---- Llama 3's form: a bare JSON object with "name" and "parameters" -----------------------
+
+
+def test_llama3_form_over_http(cpu_engine: EngineBuild, default_model: Path, tmp_path: Path) -> None:
+    """A model whose template shows tools the Llama 3 way answers a forced call as
+    {"name": ..., "parameters": ...}; the reply's tool_calls carry it, streamed or not."""
+    from test_chat import LLAMA3_STYLE
+
+    model = tmp_path / "smollm2-llama3.gguf"
+    write_with_template(default_model, model, LLAMA3_STYLE)
+    with Server(["--backend", "cpu", "--model", str(model), "--parallel", "1", "--n-ctx", "2048"],
+                tmp_path / "server.log") as srv:  # fmt: skip
+        assert has_grammar(srv)
+        client = openai.OpenAI(base_url=f"{srv.base}/v1", api_key="unused", max_retries=0, timeout=TIMEOUT)
+        # bounded arguments: the grammar then cannot let the small model run on to max_tokens
+        params = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                  "required": ["city"], "additionalProperties": False}  # fmt: skip
+        tool = {"type": "function", "function": {**WEATHER["function"], "parameters": params}}
+        kw: dict[str, Any] = {"model": "smollm2-llama3", "max_tokens": 80, "tools": [tool], "tool_choice": "required",
+                              "messages": [{"role": "user", "content": "What is the weather in Paris?"}]}  # fmt: skip
+        c = client.chat.completions.create(**kw).choices[0]
+        assert c.finish_reason == "tool_calls" and c.message.tool_calls, c
+        call = c.message.tool_calls[0]
+        assert call.function.name == "get_weather" and "<|" not in (c.message.content or "")
+        jsonschema.validate(json.loads(call.function.arguments), params)
+        deltas = []
+        for chunk in client.chat.completions.create(**kw, stream=True):
+            deltas += chunk.choices[0].delta.tool_calls or []
+        streamed = [(d.function.name, "".join(x.function.arguments or "" for x in deltas if x.index == d.index))
+                    for d in deltas if d.id]  # fmt: skip
+        assert streamed == [(t.function.name, t.function.arguments) for t in c.message.tool_calls]
