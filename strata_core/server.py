@@ -190,8 +190,9 @@ class Service:
         try:
             if echo:
                 yield Delta(echo)
-            async for evs in stream.events():
-                end = evs.pop() if isinstance(evs[-1], Finished) else None
+            async for batch in stream.events():
+                end = batch[-1] if isinstance(batch[-1], Finished) else None
+                evs = batch[:-1] if end is not None else batch
                 if evs:
                     now = time.perf_counter()
                     (self.metrics.itl if last != t0 else self.metrics.ttft).observe(now - last)
