@@ -84,7 +84,7 @@ class Slot:
     reused: bool = False  # its request started from a cached prefix worth keeping
     spec_wait: int = 0  # draft model: decode steps left before this slot drafts again
     spec_misses: int = 0  # draft model: windows in a row that accepted nothing
-    window: int = 0  # rows its window added to the last step it decoded in (CPU windows)
+    window: int = 0  # rows its window added to the last step it decoded in
 
 
 #: The draft model drafts only while at most this many slots decode: beyond it the batch
@@ -319,7 +319,8 @@ class Scheduler:
             windows.append((slot, idx, prop))
             slot.window = len(prop.offered)
             layout.append((slot.seq, 1 + slot.window))
-        parts = micro_batches(layout)
+        # only a GPU prices a split step apart, and only a trace reports it
+        parts = micro_batches(layout) if self.shape_costs or self.trace is not None else 1
         self.llama.decode(batch)
         for seq in fill:
             self.llama.seq_trim(seq, len(self.slots[seq].cached))
@@ -341,7 +342,7 @@ class Scheduler:
         if parts == 1 or not self.shape_costs:
             self.cost.add(batch.n, t3 - t0, steady)
         self.shapes.append(batch.n)
-        if (record := self._step) is not None:
+        if self.trace is not None and (record := self._step) is not None:
             windowed = [prop for _, _, prop in windows if prop.tokens]
             record["rows"] = record.get("rows", 0) + batch.n
             record["micro_batches"] = record.get("micro_batches", 0) + parts
