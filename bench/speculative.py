@@ -152,8 +152,9 @@ def main() -> None:
                             r = asyncio.run(run_load(servers[mode].base, c, a.requests * c, a.max_tokens,
                                                      prompts=WORKLOADS[name], extra=extra))  # fmt: skip
                         except httpx.TimeoutException:
+                            servers[mode].dump_stacks()
                             log = servers[mode].log.read_text(errors="replace")
-                            sys.exit(f"round {rnd} {mode} {name} c={c}: a stream stalled; its server's log ends:\n{log[-4000:]}")
+                            sys.exit(f"round {rnd} {mode} {name} c={c}: a stream stalled; its server's log ends:\n{log[-12000:]}")
                         table.setdefault((mode, name, c), []).append(r)
                         print(f"round {rnd} {mode:<8} {name:<10} c={c}: {line(r)}", flush=True)
     print(f"pooled over {a.rounds} rounds:")

@@ -140,6 +140,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import faulthandler
+    import signal
+
     import uvicorn
 
     from strata_core.reader import EngineClient, engine_command
@@ -187,6 +190,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
 
     app = create_app(service, on_ready=announce)
+    # `kill -USR1` on the server or its engine prints every thread's stack to the console:
+    # what a hung request waits on, without a debugger (README, "API")
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     uvicorn.run(app, host=host, port=port, log_level=args.log_level)
     return 0
 

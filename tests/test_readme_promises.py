@@ -107,3 +107,16 @@ def test_auto_takes_the_first_backend_that_can_run(monkeypatch: pytest.MonkeyPat
     for name in ("metal", "sycl", "hip", "cuda"):  # each one that can run beats those after it
         monkeypatch.setattr(reg.backends[name].backend, "probe", lambda: ok)
         assert select_backend(reg, "auto").name == name
+
+
+def test_sigusr1_prints_stacks_and_serving_goes_on(cpu_engine: EngineBuild, tmp_path: Path) -> None:
+    """`kill -USR1` on the server and on its engine prints their threads' stacks to the
+    console (the engine's main loop, the server's event loop) and changes nothing else."""
+    log = tmp_path / "server.log"
+    with Server(ARGS, log) as srv:
+        srv.dump_stacks()
+        text = log.read_text()
+        assert "strata_core/engine/__main__.py" in text  # the engine's stack
+        assert "uvicorn" in text  # the server's
+        client = openai.OpenAI(base_url=f"{srv.base}/v1", api_key="x", max_retries=0, timeout=120)
+        assert client.completions.create(model="default", prompt="Hi", max_tokens=2).usage.completion_tokens == 2

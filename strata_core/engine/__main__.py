@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import faulthandler
 import os
 import queue
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -142,6 +144,7 @@ def stdin_reader(q: queue.Queue[Any], answer_now: Callable[[Any], bool]) -> None
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack to stderr
     # Imported here so --help works without a native build on the path.
     # llama.py first: libllama's native libraries must load before numpy's. The other
     # order made model loading segfault with CUDA 13 and numpy 2.5 on an H200.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -123,6 +124,20 @@ class Server:
                 pass
             time.sleep(0.2)
         raise TimeoutError(f"server not ready: {self.log.read_text()[-3000:]}")
+
+    def dump_stacks(self) -> None:
+        """Have the server and its engine print every thread's stack to the log (SIGUSR1)."""
+        pids = [self.proc.pid]
+        try:
+            pids.append(int(httpx.get(f"{self.base}/v1/strata/backend", timeout=5).json()["engine"]["pid"]))
+        except (httpx.HTTPError, KeyError, ValueError):
+            pass
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except OSError:
+                pass
+        time.sleep(1.0)
 
     def __enter__(self) -> Server:
         try:
