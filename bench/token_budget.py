@@ -92,7 +92,7 @@ def main() -> None:
     script = f"""
 import json, sys, time
 from strata_core.engine.llama import Llama, ModelOptions
-from strata_core.engine.sampler import SamplingParams
+from strata_core.options import SamplingParams
 from strata_core.engine.scheduler import Request, Scheduler
 m = Llama(ModelOptions(path={model!r}, n_ctx=2048, n_seq=1, n_batch=512, threads={threads},
                        n_gpu_layers={d.n_gpu_layers}, flash_attn={d.flash_attn!r}))
@@ -102,7 +102,7 @@ prompt = m.tokenize(text.encode(), True, True)
 for r in range({a.rounds}):
     steps = []
     s = Scheduler(m, lambda e: None, trace=steps.append)
-    s.submit(Request("r", list(prompt), SamplingParams.from_keys({{}}, m.n_vocab), {a.tokens}, frozenset(), None))
+    s.submit(Request("r", list(prompt), SamplingParams(), {a.tokens}, frozenset(), None))
     while s.busy:
         s.step()
     print(json.dumps([x for x in steps if x.get("n") == 1 and "rows" in x][2:]), flush=True)

@@ -145,9 +145,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    from strata_core.api.app import create_app
+    from strata_core.api.service import Service
     from strata_core.reader import EngineClient, engine_command
     from strata_core.sampling import check_defaults
-    from strata_core.server import Service, create_app
 
     cfg = _config(args)
     check_defaults(cfg.sampling)

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from strata_core.requests import MinP, Penalty, RepetitionPenalty, Temperature, TopP
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -56,13 +58,13 @@ class EngineConfig(_Section):
 class SamplingConfig(_Section):
     """Defaults for fields a request leaves out; the request always wins."""
 
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    temperature: Temperature = None
+    top_p: TopP = None
     top_k: int | None = Field(default=None, ge=0)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
+    min_p: MinP = None
+    presence_penalty: Penalty = None
+    frequency_penalty: Penalty = None
+    repetition_penalty: RepetitionPenalty = None
     penalty_last_n: int | None = Field(default=None, ge=0)
     max_tokens: int | None = Field(default=None, ge=1)
     #: A request that names a seed is decoded in a batch of its own (no speculative

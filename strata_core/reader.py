@@ -20,6 +20,7 @@ from typing import Any
 
 from strata_core import protocol as proto
 from strata_core.config import EngineConfig, SpeculativeConfig
+from strata_core.options import GenOptions
 
 log = logging.getLogger("strata.engine")
 
@@ -32,6 +33,30 @@ class EngineUnavailable(RuntimeError):
 class TokenEvent:
     id: int
     logprob: proto.Logprob | None = None
+
+
+@dataclass
+class Usage:
+    """Token counts of a request (or of a reply's choices together)."""
+
+    prompt: int = 0
+    completion: int = 0
+    cached: int = 0
+    drafted: int = 0  # speculative tokens proposed / accepted (an extension)
+    accepted: int = 0
+
+    def add_choice(self, other: Usage, first_of_prompt: bool) -> None:
+        """Fold one choice's usage in; its prompt's cache counts once per prompt."""
+        self.completion += other.completion
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        if first_of_prompt:
+            self.cached += other.cached
+
+    @classmethod
+    def from_stats(cls, stats: Mapping[str, str]) -> Usage:
+        """A request's counts from its DONE stats."""
+        return cls(*(int(stats.get(k, 0)) for k in ("prompt", "gen", "cached", "drafted", "accepted")))
 
 
 @dataclass
@@ -244,12 +269,10 @@ class EngineClient:
     def new_rid(self, prefix: str = "r") -> str:
         return f"{prefix}{next(self._ids)}"
 
-    def generate(
-        self, prompt: Sequence[int], keys: Mapping[str, str], rid: str | None = None
-    ) -> RequestStream:
+    def generate(self, prompt: Sequence[int], options: GenOptions, rid: str | None = None) -> RequestStream:
         rid = rid or self.new_rid()
-        st = RequestStream(rid, wants_lp="logprobs" in keys)
-        self._send(proto.Gen(rid, dict(keys), tuple(prompt)))
+        st = RequestStream(rid, wants_lp=options.logprobs is not None)
+        self._send(proto.Gen(rid, options.encode(), tuple(prompt)))
         self._streams[rid] = st
         return st
 

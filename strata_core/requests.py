@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -25,6 +25,9 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from .errors import ApiError, from_validation_error
+from .options import (
+    MAX_ALTERNATIVES,  # top_logprobs on chat; logprobs on completions (OpenAI: 5; we take 20)
+)
 
 #: Most choices one request may ask for.
 MAX_N = 16
@@ -39,9 +42,6 @@ MAX_BIAS = 100.0
 SEED_MIN = -(1 << 63)
 SEED_MOD = 1 << 64
 
-#: Most alternatives per token: ``top_logprobs`` on chat, ``logprobs`` on completions
-#: (OpenAI allows 5 there; we accept up to 20 as on chat).
-MAX_TOP_LOGPROBS = 20
 
 #: Fields that later work will implement. Until then a value other than null/false is
 #: refused with a 400 naming the field; null/false mean "not asked for" and are accepted.
@@ -60,6 +60,14 @@ MESSAGE_NOT_YET_SUPPORTED: tuple[str, ...] = (
 )
 
 _TOKEN_ID = re.compile(r"[0-9]+")
+
+# Ranges of the sampling fields, shared with the operator's [sampling] defaults (config.py).
+Temperature = Annotated[float | None, Field(ge=0.0, le=2.0)]
+TopP = Annotated[float | None, Field(gt=0.0, le=1.0)]
+MinP = Annotated[float | None, Field(ge=0.0, le=1.0)]
+Penalty = Annotated[float | None, Field(ge=-2.0, le=2.0)]  # presence and frequency, as OpenAI
+# Above 10 is no longer a penalty but a ban, which logit_bias expresses honestly.
+RepetitionPenalty = Annotated[float | None, Field(gt=0.0, le=10.0)]
 
 
 def _drop_unset(data: Any, names: tuple[str, ...]) -> Any:
@@ -243,15 +251,13 @@ class BaseRequest(_Strict):
     stream_options: StreamOptions | None = None
     user: str | None = None
     seed: int | None = Field(default=None, ge=SEED_MIN, lt=SEED_MOD)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    temperature: Temperature = None
+    top_p: TopP = None
     top_k: int | None = Field(default=None, ge=-1)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    # Same bound as the operator's [sampling] repetition_penalty: above 10 is no longer a
-    # penalty but a ban, which logit_bias expresses honestly.
-    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
+    min_p: MinP = None
+    presence_penalty: Penalty = None
+    frequency_penalty: Penalty = None
+    repetition_penalty: RepetitionPenalty = None
     penalty_last_n: int | None = Field(default=None, ge=-1)
     logit_bias: dict[int, float] | None = None
     # Extensions (vLLM's names): sample only among these ids, logprobs renormalised over
@@ -362,8 +368,8 @@ class BaseRequest(_Strict):
 
 
 def _top_count(value: int) -> int:
-    if not 0 <= value <= MAX_TOP_LOGPROBS:
-        raise _invalid(f"expected an integer in 0..{MAX_TOP_LOGPROBS}, got {value}")
+    if not 0 <= value <= MAX_ALTERNATIVES:
+        raise _invalid(f"expected an integer in 0..{MAX_ALTERNATIVES}, got {value}")
     return value
 
 
@@ -511,7 +517,7 @@ class ChatRequest(BaseRequest):
         if value is None:
             return None
         if not _is_int(value):
-            raise _invalid(f"expected an integer in 0..{MAX_TOP_LOGPROBS}", "invalid_type")
+            raise _invalid(f"expected an integer in 0..{MAX_ALTERNATIVES}", "invalid_type")
         _top_count(value)
         asked = info.data.get("logprobs")
         if asked is None or asked is False:
@@ -567,7 +573,7 @@ class CompletionRequest(BaseRequest):
         if value is None or value is False:  # false: "not asked", as some clients send it
             return None
         if not _is_int(value):
-            raise _invalid(f"expected an integer in 0..{MAX_TOP_LOGPROBS}", "invalid_type")
+            raise _invalid(f"expected an integer in 0..{MAX_ALTERNATIVES}", "invalid_type")
         return _top_count(value)
 
     @field_validator("echo")

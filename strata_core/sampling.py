@@ -1,14 +1,13 @@
-"""A request plus the operator's ``[sampling]`` defaults -> GEN keys for the engine.
+"""A request plus the operator's ``[sampling]`` defaults -> the engine's options
+(options.GenOptions).
 
 The request's own value wins; a field it leaves out or sends as null takes the default.
-A neutral value is never sent, so a request that asks for nothing is greedy and costs the
-engine nothing: temperature absent or 0 is greedy, and then top_p, top_k, min_p and the
-seed are not sent either (they cannot change an argmax). Penalties, logit bias and
-``allowed_token_ids`` do change a greedy pick, so they are sent either way.
-``penalty_last_n`` follows llama.cpp: 0 turns the penalties off, a penalty without a window
-uses :data:`DEFAULT_PENALTY_LAST_N`. ``logprobs=K`` is sent only when the request asks for
-logprobs, and ``logprobs_mode`` only when it is ``processed`` (``raw`` is the engine's
-default).
+A neutral value is left at the options' default, which is never sent, so a request that
+asks for nothing is greedy and costs the engine nothing: temperature absent or 0 is
+greedy, and then top_p, top_k, min_p and the seed are left out too (they cannot change
+an argmax). Penalties, logit bias and ``allowed_token_ids`` do change a greedy pick, so
+they are kept either way. ``penalty_last_n`` follows llama.cpp: 0 turns the penalties off,
+a penalty without a window uses :data:`DEFAULT_PENALTY_LAST_N`.
 """
 
 from __future__ import annotations
@@ -17,17 +16,24 @@ import secrets
 from typing import Any
 
 from .config import SamplingConfig
+from .options import GenOptions, SamplingParams
 from .requests import BaseRequest
 
 #: The engine's window for penalties when neither the request nor the config gives one.
 DEFAULT_PENALTY_LAST_N = 64
 
 _PENALTIES = (
-    # (request/config field, GEN key, neutral value)
+    # (request/config field, option, neutral value)
     ("repetition_penalty", "penalty_repeat", 1.0),
     ("frequency_penalty", "penalty_freq", 0.0),
     ("presence_penalty", "penalty_present", 0.0),
 )
+
+#: The request parameter behind each option, for errors that name it.
+REQUEST_PARAMS = {
+    "bias": "logit_bias", "allowed": "allowed_token_ids", "penalty_repeat": "repetition_penalty",
+    "penalty_freq": "frequency_penalty", "penalty_present": "presence_penalty", "logprobs": "top_logprobs",
+}  # fmt: skip
 
 
 def resolve_seed(req_seed: int | None) -> int:
@@ -35,72 +41,47 @@ def resolve_seed(req_seed: int | None) -> int:
     return req_seed if req_seed is not None else secrets.randbits(63)
 
 
-def _num(x: float) -> str:
-    # repr round-trips exactly: the engine samples with the very float the client sent.
-    return repr(float(x))
-
-
 def _pick(req: BaseRequest, defaults: SamplingConfig, name: str) -> Any:
     value = getattr(req, name)
     return getattr(defaults, name) if value is None else value
 
 
-def sampling_keys(
-    req: BaseRequest, defaults: SamplingConfig, *, seed: int | None
-) -> dict[str, str]:
-    """GEN ``key=value`` pairs for ``req``, neutral ones left out.
-
-    ``seed`` is the seed for this request, normally ``resolve_seed(req.seed)``; None falls
-    back to ``req.seed``. It is sent only when the request samples (temperature > 0).
-    """
-    keys: dict[str, str] = {}
-    max_tokens = req.max_new_tokens()
-    if max_tokens is None:
-        max_tokens = defaults.max_tokens
-    if max_tokens is not None:
-        keys["max_tokens"] = str(max_tokens)
-
+def gen_options(req: BaseRequest, defaults: SamplingConfig, *, seed: int, max_tokens: int | None) -> GenOptions:
+    """The engine options for one choice of ``req``: its sampling and logprobs, with
+    ``seed`` (normally ``resolve_seed(req.seed)``, used only when it samples) and
+    ``max_tokens`` (the server's, once checked against the context)."""
+    kw: dict[str, Any] = {}
     temperature = _pick(req, defaults, "temperature")
     if temperature:
-        keys["temperature"] = _num(temperature)
-        top_p = _pick(req, defaults, "top_p")
-        if top_p is not None and top_p < 1.0:
-            keys["top_p"] = _num(top_p)
-        top_k = _pick(req, defaults, "top_k")
-        if top_k:
-            keys["top_k"] = str(top_k)
-        min_p = _pick(req, defaults, "min_p")
-        if min_p:
-            keys["min_p"] = _num(min_p)
-
+        kw.update(temperature=temperature, seed=seed)
+        for name in ("top_p", "top_k", "min_p"):
+            if (value := _pick(req, defaults, name)) is not None:
+                kw[name] = value
     window = _pick(req, defaults, "penalty_last_n")
     if window is None:
         window = DEFAULT_PENALTY_LAST_N
     if window > 0:
-        for field, key, neutral in _PENALTIES:
-            value = _pick(req, defaults, field)
+        for name, option, neutral in _PENALTIES:
+            value = _pick(req, defaults, name)
             if value is not None and value != neutral:
-                keys[key] = _num(value)
-        if any(key in keys for _, key, _ in _PENALTIES):
-            keys["penalty_last_n"] = str(window)
-
-    if temperature:
-        chosen = seed if seed is not None else req.seed
-        if chosen is not None:
-            keys["seed"] = str(chosen)
-
-    bias = sorted((t, b) for t, b in (req.logit_bias or {}).items() if b != 0.0)
+                kw[option] = value
+        if any(option in kw for _, option, _ in _PENALTIES):
+            kw["penalty_last_n"] = window
+    bias = {t: b for t, b in (req.logit_bias or {}).items() if b != 0.0}
     if bias:
-        keys["bias"] = ",".join(f"{t}:{_num(b)}" for t, b in bias)
+        kw["bias"] = bias
     if req.allowed_token_ids is not None:
-        keys["allowed"] = ",".join(str(t) for t in req.allowed_token_ids)
+        kw["allowed"] = tuple(req.allowed_token_ids)
+    alternatives = req.logprob_alternatives()
+    mode = req.logprobs_mode if alternatives is not None and req.logprobs_mode else "raw"
+    return GenOptions(max_tokens=max_tokens, sampling=SamplingParams(**kw), logprobs=alternatives, logprobs_mode=mode)
 
-    top = req.logprob_alternatives()
-    if top is not None:
-        keys["logprobs"] = str(top)
-        if req.logprobs_mode == "processed":
-            keys["logprobs_mode"] = "processed"
-    return keys
+
+def max_new_tokens(req: BaseRequest, defaults: SamplingConfig) -> int | None:
+    """The most tokens the request may generate (its own limit, else the operator's),
+    or None: until a stop or the end of the context."""
+    asked = req.max_new_tokens()
+    return asked if asked is not None else defaults.max_tokens
 
 
 def check_defaults(defaults: SamplingConfig) -> None:

@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from strata_core.engine import philox
-from strata_core.engine.sampler import SamplingParams
+from strata_core.options import SamplingParams
 
 
 def f32(v: float) -> float:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from strata_core.chat import FALLBACK_TEMPLATE, ChatTemplate, TemplateError, compile_template
+from strata_core.text.chat import FALLBACK_TEMPLATE, ChatTemplate, TemplateError, compile_template
 
 SYSTEM_USER = [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -237,7 +237,7 @@ LLAMA3_STYLE = (
 
 
 def test_tool_dialect_is_read_from_the_template(smollm2: ChatTemplate) -> None:
-    from strata_core.tools import Dialect
+    from strata_core.text.tools import Dialect
 
     assert smollm2.tool_dialect is None  # SmolLM2's template never shows tools
     assert ChatTemplate(FALLBACK_TEMPLATE).tool_dialect is None

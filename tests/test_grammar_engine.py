@@ -14,8 +14,8 @@ import pytest
 from strata_core import protocol as proto
 from strata_core.backends.cpu import CpuBackend
 from strata_core.build import EngineBuild
-from strata_core.grammars import json_schema_grammar
 from strata_core.testing.harness import EngineProcess
+from strata_core.text.grammars import json_schema_grammar
 
 pytestmark = pytest.mark.slow
 

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strata_core.logprobs import UNLIKELY, Aligner, Alt, Entry, Span, legacy
 from strata_core.protocol import Logprob
-from strata_core.text import Detokenizer
+from strata_core.text.detokenize import Detokenizer
+from strata_core.text.logprobs import UNLIKELY, Aligner, Alt, Entry, Span, legacy
 
 # A small vocabulary whose pieces split multi-byte characters the way byte-fallback
 # and BPE vocabularies do. 😀 = F0 9F 98 80, 東 = E6 9D B1, 京 = E4 BA AC, é = C3 A9,

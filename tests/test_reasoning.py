@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from strata_core.choice import ChatShape, ChoiceText
 from strata_core.protocol import Logprob
 from strata_core.reader import TokenEvent
-from strata_core.reasoning import Piece, ThinkSplitter, prompt_opens_think
+from strata_core.text.choice import ChatShape, ChoiceText
+from strata_core.text.reasoning import Piece, ThinkSplitter, prompt_opens_think
 
 
 def split(text: str, thinking: bool = False, cuts: list[int] | None = None) -> tuple[str, str, list[Piece]]:

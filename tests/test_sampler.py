@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from reference_sampler import kept, reference_sample, reference_samples
 
 from strata_core.engine import sampler
-from strata_core.engine.sampler import SamplingParams, sample, top_logprobs
+from strata_core.engine.sampler import sample, top_logprobs
+from strata_core.options import SamplingParams
 
 N_VOCAB = 49_152
 POSITIONS = range(6)
@@ -236,7 +237,7 @@ def test_default_request_is_a_plain_argmax(monkeypatch):
     for name in ("apply_logit_bias", "apply_mask", "apply_penalties", "candidates", "draw"):
         monkeypatch.setattr(sampler, name, forbidden)
     monkeypatch.setattr(sampler.philox, "uniform", forbidden)
-    params = SamplingParams.from_keys({}, N_VOCAB)
+    params = SamplingParams()
     assert params.greedy and params.plain
     assert sample(ROWS["peaked"], params, HISTORY, 0) == int(np.argmax(ROWS["peaked"]))
 
@@ -328,40 +329,3 @@ def test_top_logprobs_renormalise_over_allowed():
     assert np.isneginf(np.delete(lp, allowed)).all()
     assert sorted(i for i, _ in top) == [5, 17, 400, 48_000]
     assert top_logprobs(ROWS["flat"], 0)[1] == []
-
-
-# --- GEN keys ---------------------------------------------------------------------------
-
-
-def test_from_keys_parses_every_sampling_key():
-    keys = {
-        "temperature": "0.7", "top_p": "0.9", "top_k": "40", "min_p": "0.05",
-        "penalty_repeat": "1.1", "penalty_freq": "0.5", "penalty_present": "0.25",
-        "penalty_last_n": "64", "seed": str(2**64 - 1), "allowed": "1,2,3",
-        "bias": "5:-1.5,7:2,9:-inf", "max_tokens": "10", "logprobs": "3",
-    }  # fmt: skip
-    assert SamplingParams.from_keys(keys, N_VOCAB) == SamplingParams(
-        temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, penalty_repeat=1.1,
-        penalty_freq=0.5, penalty_present=0.25, penalty_last_n=64, seed=2**64 - 1,
-        allowed=(1, 2, 3), bias={5: -1.5, 7: 2.0, 9: -math.inf},
-    )  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    ("key", "value"),
-    [
-        ("temperature", "-0.1"), ("temperature", "nan"), ("temperature", "hot"),
-        ("top_p", "1.5"), ("top_p", "-0.1"), ("top_k", "-1"), ("top_k", "4.5"),
-        ("min_p", "1.01"), ("penalty_repeat", "0"), ("penalty_freq", "inf"),
-        ("penalty_present", "nan"), ("penalty_last_n", "-1"), ("seed", "-1"),
-        ("seed", str(2**64)), ("allowed", f"1,{N_VOCAB}"), ("allowed", "1,x"), ("allowed", ""),
-        ("bias", f"{N_VOCAB}:1"), ("bias", "3"), ("bias", "3:inf"), ("bias", "3:nan"),
-        ("bias", "-1:2"),
-    ],
-)  # fmt: skip
-def test_from_keys_errors_name_the_key_and_range(key, value):
-    with pytest.raises(ValueError, match=rf"^{key}=.*expected") as err:
-        SamplingParams.from_keys({key: value}, N_VOCAB)
-    shown = str(err.value).split(" is ")[0].split("=", 1)[1].strip("'")
-    # it shows what was wrong: the value (as parsed) or the bad part of a list
-    assert shown in value or float(shown) == float(value)

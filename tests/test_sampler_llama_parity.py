@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from strata_core.engine import sampler
-from strata_core.engine.sampler import SamplingParams
+from strata_core.options import SamplingParams
 
 pytestmark = pytest.mark.slow
 

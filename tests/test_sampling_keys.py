@@ -1,4 +1,4 @@
-"""Request + config defaults -> GEN keys: neutral values are never sent."""
+"""Request + config defaults -> the engine's options, as GEN keys: neutral values are never sent."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from strata_core.config import SamplingConfig
-from strata_core.requests import PENALTY_LAST_N_ALL, ChatRequest, CompletionRequest
+from strata_core.requests import PENALTY_LAST_N_ALL, BaseRequest, ChatRequest, CompletionRequest
 from strata_core.sampling import (
     DEFAULT_PENALTY_LAST_N,
     check_defaults,
+    gen_options,
+    max_new_tokens,
     resolve_seed,
-    sampling_keys,
 )
 
 NONE = SamplingConfig()
@@ -25,8 +26,12 @@ def req(**fields: Any) -> ChatRequest:
     return ChatRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], **fields})
 
 
-def keys(defaults: SamplingConfig = NONE, seed: int | None = 7, **fields: Any) -> dict[str, str]:
-    return sampling_keys(req(**fields), defaults, seed=seed)
+def sent(r: BaseRequest, defaults: SamplingConfig = NONE, seed: int = 7) -> dict[str, str]:
+    return gen_options(r, defaults, seed=seed, max_tokens=max_new_tokens(r, defaults)).encode()
+
+
+def keys(defaults: SamplingConfig = NONE, seed: int = 7, **fields: Any) -> dict[str, str]:
+    return sent(req(**fields), defaults, seed)
 
 
 @pytest.mark.parametrize("fields", [{}, {"temperature": 0}, {"temperature": None}])
@@ -117,11 +122,9 @@ def test_seed_only_when_sampling() -> None:
     assert keys(seed=11, temperature=1.0)["seed"] == "11"
 
 
-def test_explicit_seed_argument_and_request_seed_fallback() -> None:
+def test_the_request_seed_is_the_one_sent() -> None:
     r = req(temperature=1.0, seed=5)
-    assert sampling_keys(r, NONE, seed=None)["seed"] == "5"
-    assert sampling_keys(r, NONE, seed=resolve_seed(r.seed))["seed"] == "5"
-    assert "seed" not in sampling_keys(req(temperature=1.0), NONE, seed=None)
+    assert sent(r, seed=resolve_seed(r.seed))["seed"] == "5"
 
 
 def test_resolve_seed() -> None:
@@ -166,7 +169,7 @@ def test_config_window_used_by_a_request_penalty() -> None:
 
 def test_completion_requests_map_the_same_way() -> None:
     r = CompletionRequest.model_validate({"prompt": [1, 2], "temperature": 0.5, "max_tokens": 4})
-    assert sampling_keys(r, NONE, seed=1) == {"max_tokens": "4", "temperature": "0.5", "seed": "1"}
+    assert sent(r, seed=1) == {"max_tokens": "4", "temperature": "0.5", "seed": "1"}
 
 
 @given(st.floats(min_value=0.0, max_value=2.0, exclude_min=True))
@@ -208,4 +211,4 @@ def test_logprobs_keys_only_when_asked(fields: dict[str, Any], expected: dict[st
 def test_allowed_token_ids_are_sent_in_order_without_duplicates() -> None:
     assert keys(allowed_token_ids=[9, 2, 9, 5]) == {"allowed": "9,2,5"}
     r = CompletionRequest.model_validate({"prompt": "x", "logprobs": 5, "allowed_token_ids": [1]})
-    assert sampling_keys(r, NONE, seed=1) == {"allowed": "1", "logprobs": "5"}
+    assert sent(r, seed=1) == {"allowed": "1", "logprobs": "5"}

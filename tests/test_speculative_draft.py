@@ -19,8 +19,9 @@ from strata_core import protocol as proto
 from strata_core.backends.cpu import CpuBackend
 from strata_core.build import EngineBuild
 from strata_core.config import ConfigError, load_config
-from strata_core.engine.sampler import SamplingParams, probabilities, sample
+from strata_core.engine.sampler import probabilities, sample
 from strata_core.engine.speculative import NULL, Proposal, sampled_proposal, verify_proposal
+from strata_core.options import SamplingParams
 from strata_core.testing.harness import EngineProcess, Server
 
 COPY = "Please repeat this sentence exactly: the quick brown fox jumps over the lazy dog near the river bank. "

@@ -39,7 +39,7 @@ SCRIPT = textwrap.dedent(
     from strata_core import protocol as proto
     from strata_core.engine.adaptive import StepCost
     from strata_core.engine.llama import Llama, ModelOptions
-    from strata_core.engine.sampler import SamplingParams
+    from strata_core.options import SamplingParams
     from strata_core.engine.scheduler import Request, Scheduler
 
     class GpuLike(StepCost):  # H200, default model: one kernel path up to 8 rows
@@ -67,7 +67,7 @@ SCRIPT = textwrap.dedent(
                 windows.append((len(prop.tokens), prop.filler))
             verify(slot, idx, prop)
         sched._verify = spy
-        params = SamplingParams.from_keys({}, m.n_vocab)
+        params = SamplingParams()
         sched.submit(Request("r", list(prompt), params, 64, frozenset(), None, spec_k=k))
         while sched.busy:
             sched.step()
@@ -96,7 +96,7 @@ GUARD_SCRIPT = textwrap.dedent(
     import json
     from strata_core.engine.adaptive import StepCost
     from strata_core.engine.llama import Llama, ModelOptions
-    from strata_core.engine.sampler import SamplingParams
+    from strata_core.options import SamplingParams
     from strata_core.engine.scheduler import Request, Scheduler
 
     class FreeRows(StepCost):  # a cost model that is wrong here: rows cost nothing
@@ -122,7 +122,7 @@ GUARD_SCRIPT = textwrap.dedent(
         sched.cost = FreeRows()
         if not guarded:
             sched.guard = NoGuard()
-        params = SamplingParams.from_keys({"temperature": "1.5", "seed": "3"}, m.n_vocab)
+        params = SamplingParams(temperature=1.5, seed=3)
         sched.submit(Request("r", list(prompt), params, 240, frozenset(), None, spec_k=7))
         while sched.busy:
             sched.step()
@@ -155,14 +155,14 @@ GAP_SCRIPT = textwrap.dedent(
     import json
     from strata_core import protocol as proto
     from strata_core.engine.llama import Llama, ModelOptions
-    from strata_core.engine.sampler import SamplingParams
+    from strata_core.options import SamplingParams
     from strata_core.engine.scheduler import Request, Scheduler
 
     m = Llama(ModelOptions(path=MODEL, n_ctx=512, n_seq=3, n_batch=256))
     def chat(text):
         return m.tokenize(f"<|im_start|>user\\n{text}<|im_end|>\\n<|im_start|>assistant\\n".encode(), True, True)
     prompts = [chat("Name three rivers."), chat("Say hi."), chat("Count to ten.")]
-    params = SamplingParams.from_keys({}, m.n_vocab)
+    params = SamplingParams()
     out = {}
     for gpu_like in (False, True):
         for seq in range(3):

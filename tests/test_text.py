@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from strata_core.text import StopMatcher, held_prefix
+from strata_core.text.detokenize import StopMatcher, held_prefix
 
 
 def test_held_prefix() -> None:

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from strata_core.grammars import grammar_error, llguidance_grammar
-from strata_core.tools import (
+from strata_core.text.grammars import grammar_error, llguidance_grammar
+from strata_core.text.tools import (
     CallDelta,
     Dialect,
     ToolCallParser,

@@ -20,41 +20,12 @@ from typing import Any
 
 from strata_core import protocol as proto
 
-KNOWN_KEYS = frozenset(
-    {
-        "max_tokens", "temperature", "top_p", "top_k", "min_p", "penalty_repeat", "penalty_freq",
-        "penalty_present", "penalty_last_n", "seed", "logprobs", "logprobs_mode", "allowed",
-        "bias", "stop_ids", "grammar", "spec", "cache", "isolate",
-    }
-)  # fmt: skip
-"""The GEN keys this engine reads (docs/architecture.md, "Engine protocol"); any other is warned about.
-
-In more detail:
-
-``logprobs_mode`` (``raw|processed``, default ``raw``) -- which distribution the ``LP``
-lines describe. ``raw``: the model's, before bias, penalties, grammar and temperature
-(renormalised over ``allowed`` when given). ``processed``: the one the token was drawn
-from, after bias, the allowed / grammar mask, penalties, top_k, min_p, top_p and
-temperature; a token the chain cut is -inf and so never listed. A greedy pick has no
-temperature, so there it is the log-softmax of the row after bias, mask and penalties.
-Without ``logprobs`` the key changes nothing.
-
-``grammar`` (protocol.parse_grammar: ``json_object`` or ``<kind>:<b64>``, kind
-``llguidance``, ``json_schema``, ``lark`` or ``regex``) -- constrained decoding with
-llguidance: before each sample, tokens the grammar forbids are -inf; the request ends with
-``stop`` once the grammar admits nothing but end-of-generation (the end token is then not
-sampled). A grammar llguidance refuses is an ``ERR`` and ``DONE error``. Speculative
-windows are kept: drafts are cut where the grammar forbids them, and the matcher consumes
-only emitted tokens, so nothing is rolled back.
-"""
-LOGPROBS_MODES = ("raw", "processed")
 CAPABILITIES = [
     "logprobs", "logprobs_mode", "allowed", "bias", "penalties", "seed", "prefix_cache", "grammar",
 ]  # fmt: skip
-SAMPLING_KEYS = KNOWN_KEYS - {
-    "max_tokens", "logprobs", "logprobs_mode", "stop_ids", "grammar", "spec", "cache", "isolate",
-}  # fmt: skip
-SPEC_MODES = ("off", "ngram", "draft")  # "draft" needs --draft-model
+"""What READY lists: the GEN options (strata_core/options.py) this engine acts on, besides
+``max_tokens``, ``stop_ids``, ``spec`` and ``isolate``; ``spec_draft`` is added when a draft
+model was loaded."""
 
 
 class Output:
@@ -151,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     from strata_core.engine.llama import Llama, ModelOptions  # isort: skip
     from strata_core.engine.drafter import DraftModel, check_shared_vocab
     from strata_core.engine.grammar import Grammars
-    from strata_core.engine.sampler import SamplingParams
     from strata_core.engine.scheduler import Request, Scheduler
+    from strata_core.options import GenOptions
 
     out = Output()
     drafter = None
@@ -209,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
             out.emit(proto.Error(cmd.rid, msg))
             out.emit(proto.Done(cmd.rid, "error", {}))
 
-        for key in cmd.keys:
-            if key not in KNOWN_KEYS and key not in warned:
+        for key in GenOptions.unknown(cmd.keys):
+            if key not in warned:
                 warned.add(key)
                 out.emit(proto.Warn(cmd.rid, f"unknown key {key}"))
         prompt = list(cmd.prompt)
@@ -222,31 +193,18 @@ def main(argv: list[str] | None = None) -> int:
         if bad:
             return fail(f"prompt token {bad[0]} is outside the vocabulary (n_vocab {llama.n_vocab})")
         try:
-            params = SamplingParams.from_keys(
-                {k: v for k, v in cmd.keys.items() if k in SAMPLING_KEYS}, llama.n_vocab
-            )
-            max_tokens = int(cmd.keys.get("max_tokens", llama.n_ctx))
-            logprobs = int(cmd.keys["logprobs"]) if "logprobs" in cmd.keys else None
-            stops = cmd.keys.get("stop_ids", "")
-            stop_ids = frozenset(int(t) for t in stops.split(",") if t) | eog
-            if max_tokens < 1 or (logprobs is not None and not 0 <= logprobs <= 20):
-                raise ValueError("max_tokens must be >= 1 and logprobs 0..20")
-            spec = cmd.keys.get("spec", "off")
-            if spec not in SPEC_MODES:
-                raise ValueError(f"spec={spec!r} is not supported by this engine: expected off, ngram or draft")
-            if spec == "draft" and drafter is None:
+            opts = GenOptions.decode(cmd.keys)
+            opts.check(llama.n_vocab)
+            if opts.spec == "draft" and drafter is None:
                 raise ValueError("spec=draft needs a draft model: start the engine with --draft-model PATH")
-            mode = cmd.keys.get("logprobs_mode", "raw")
-            if mode not in LOGPROBS_MODES:
-                raise ValueError(f"logprobs_mode={mode!r} is not valid: expected raw or processed")
-            grammar = grammars.matcher(cmd.keys["grammar"]) if "grammar" in cmd.keys else None
+            grammar = grammars.matcher(opts.grammar) if opts.grammar is not None else None
         except ValueError as exc:
             return fail(str(exc))
         sched.submit(
-            Request(cmd.rid, prompt, params, max_tokens, stop_ids, logprobs,
-                    logprobs_processed=mode == "processed", grammar=grammar,
-                    spec_k=args.spec_k if spec != "off" else 0, spec_draft=spec == "draft",
-                    isolate=cmd.keys.get("isolate") == "1")
+            Request(cmd.rid, prompt, opts.sampling, opts.max_tokens or llama.n_ctx, frozenset(opts.stop_ids) | eog,
+                    opts.logprobs, logprobs_processed=opts.logprobs_mode == "processed", grammar=grammar,
+                    spec_k=args.spec_k if opts.spec != "off" else 0, spec_draft=opts.spec == "draft",
+                    isolate=opts.isolate)
         )  # fmt: skip
 
     def handle(cmd: Any) -> bool:

@@ -21,8 +21,9 @@ from typing import NamedTuple
 import numpy as np
 
 from strata_core.engine.llama import Batch, Llama
-from strata_core.engine.sampler import SamplingParams, adjust
+from strata_core.engine.sampler import adjust
 from strata_core.engine.speculative import NULL, Proposal, common_prefix, sampled_proposal
+from strata_core.options import SamplingParams
 
 
 class DraftJob(NamedTuple):

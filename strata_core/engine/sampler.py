@@ -19,103 +19,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from strata_core.engine import philox
+from strata_core.options import SamplingParams
 
 F32 = np.float32
 _FIRST_BLOCK = 256  # candidates sorted before a lazy walk widens its prefix
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    penalty_repeat: float = 1.0
-    penalty_freq: float = 0.0
-    penalty_present: float = 0.0
-    penalty_last_n: int = 0
-    seed: int = 0
-    bias: Mapping[int, float] = field(default_factory=dict)
-    allowed: tuple[int, ...] | None = None
-
-    def __post_init__(self) -> None:
-        _check("temperature", self.temperature, 0.0 <= self.temperature < math.inf, ">= 0")
-        _check("top_k", self.top_k, self.top_k >= 0, ">= 0 (0 = no cut)")
-        _check("top_p", self.top_p, 0.0 <= self.top_p <= 1.0, "in [0, 1]")
-        _check("min_p", self.min_p, 0.0 <= self.min_p <= 1.0, "in [0, 1]")
-        _check("penalty_repeat", self.penalty_repeat, 0.0 < self.penalty_repeat < math.inf, "> 0")
-        for name in ("penalty_freq", "penalty_present"):
-            _check(name, getattr(self, name), math.isfinite(getattr(self, name)), "finite")
-        _check("penalty_last_n", self.penalty_last_n, self.penalty_last_n >= 0, ">= 0 (0 = off)")
-        _check("seed", self.seed, 0 <= self.seed < 1 << 64, "in [0, 2**64)")
-        for i, v in self.bias.items():
-            _check("bias", f"{i}:{v}", i >= 0 and v < math.inf, "id >= 0, value finite or -inf")
-        if self.allowed is not None:
-            _check("allowed", "", len(self.allowed) > 0, "at least one token id")
-
-    @classmethod
-    def from_keys(cls, keys: Mapping[str, str], n_vocab: int) -> SamplingParams:
-        """Parse the sampling GEN keys; other keys are left to the caller."""
-        kw: dict[str, object] = {}
-        for name, kind in _NUMERIC_KEYS.items():
-            if name in keys:
-                kw[name] = _parse(name, keys[name], kind)
-        if "bias" in keys:
-            pairs = [p.split(":") for p in keys["bias"].split(",") if p]
-            if any(len(p) != 2 for p in pairs):
-                raise ValueError(f"bias={keys['bias']!r} is malformed: expected id:value,...")
-            kw["bias"] = {_token("bias", i, n_vocab): _parse("bias", v, float) for i, v in pairs}
-        if "allowed" in keys:
-            ids = keys["allowed"].split(",")
-            kw["allowed"] = tuple(_token("allowed", i, n_vocab) for i in ids if i)
-        return cls(**kw)  # type: ignore[arg-type]
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    @property
-    def penalised(self) -> bool:
-        neutral = (self.penalty_repeat, self.penalty_freq, self.penalty_present) == (1.0, 0.0, 0.0)
-        return self.penalty_last_n > 0 and not neutral
-
-    @property
-    def plain(self) -> bool:
-        """Greedy over the raw row: the default request, which pays for one argmax."""
-        return self.greedy and not self.bias and self.allowed is None and not self.penalised
-
-
-_NUMERIC_KEYS: dict[str, type[int] | type[float]] = {
-    "temperature": float, "top_k": int, "top_p": float, "min_p": float,
-    "penalty_repeat": float, "penalty_freq": float, "penalty_present": float,
-    "penalty_last_n": int, "seed": int,
-}  # fmt: skip
-
-
-def _check(name: str, value: object, ok: bool, expected: str) -> None:
-    if not ok:
-        raise ValueError(f"{name}={value} is out of range: expected {expected}")
-
-
-def _parse(name: str, text: str, kind: type[int] | type[float]) -> int | float:
-    try:
-        return kind(text)
-    except ValueError:
-        expected = "an integer" if kind is int else "a number"
-        raise ValueError(f"{name}={text!r} is not valid: expected {expected}") from None
-
-
-def _token(name: str, text: str, n_vocab: int) -> int:
-    tok = int(_parse(name, text, int))
-    _check(name, tok, 0 <= tok < n_vocab, f"a token id in [0, {n_vocab})")
-    return tok
 
 
 class Candidates(NamedTuple):

@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from strata_core import bodies
-from strata_core.choice import Delta, joined
+from strata_core.api import bodies
 from strata_core.errors import ApiError
-from strata_core.logprobs import Entry
-from strata_core.reader import EngineUnavailable
-from strata_core.tools import ToolCall
+from strata_core.reader import EngineUnavailable, Usage
+from strata_core.text.choice import Delta, joined
+from strata_core.text.logprobs import Entry
+from strata_core.text.tools import ToolCall
 
 
 @dataclass
@@ -23,7 +23,7 @@ class Collected:
 
     text: str
     finish: str
-    usage: bodies.Usage
+    usage: Usage
     entries: list[Entry] | None  # None: logprobs were not asked for
     reasoning: str = ""
     reasoning_entries: list[Entry] | None = None
@@ -44,7 +44,7 @@ async def collect(it: AsyncIterator[Delta]) -> Collected:
         whole.reasoning_entries = joined(whole.reasoning_entries, d.reasoning_entries)
         if d.finish is not None:
             return Collected(
-                whole.text, d.finish, d.usage or bodies.Usage(), whole.entries,
+                whole.text, d.finish, d.usage or Usage(), whole.entries,
                 whole.reasoning, whole.reasoning_entries or None, d.tool_calls,
             )  # fmt: skip
     raise EngineUnavailable("the engine ended the request without DONE")
@@ -106,7 +106,7 @@ async def sse_stream(
                 raise
 
     tasks = [asyncio.create_task(pump(i, it)) for i, it in enumerate(iters)]
-    usage = bodies.Usage(prompt=sum(len(p) for p in prompts))
+    usage = Usage(prompt=sum(len(p) for p in prompts))
     open_choices = len(iters)
     offsets = [0] * len(iters)  # where each choice's next entry starts in its text
     try:

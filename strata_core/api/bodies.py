@@ -9,36 +9,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from strata_core.logprobs import Entry, legacy
-from strata_core.tools import ToolCall
+from strata_core.reader import Usage
+from strata_core.text.logprobs import Entry, legacy
+from strata_core.text.tools import ToolCall
 
 
-@dataclass
-class Usage:
-    prompt: int = 0
-    completion: int = 0
-    cached: int = 0
-    drafted: int = 0  # speculative tokens proposed / accepted (an extension)
-    accepted: int = 0
-
-    def add_choice(self, other: Usage, first_of_prompt: bool) -> None:
-        """Fold one choice's usage in; its prompt's cache counts once per prompt."""
-        self.completion += other.completion
-        self.drafted += other.drafted
-        self.accepted += other.accepted
-        if first_of_prompt:
-            self.cached += other.cached
-
-    def body(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "prompt_tokens": self.prompt,
-            "completion_tokens": self.completion,
-            "total_tokens": self.prompt + self.completion,
-            "prompt_tokens_details": {"cached_tokens": self.cached},
-        }
-        if self.drafted:
-            out["speculative"] = {"drafted_tokens": self.drafted, "accepted_tokens": self.accepted}
-        return out
+def usage_body(u: Usage) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "prompt_tokens": u.prompt,
+        "completion_tokens": u.completion,
+        "total_tokens": u.prompt + u.completion,
+        "prompt_tokens_details": {"cached_tokens": u.cached},
+    }
+    if u.drafted:
+        out["speculative"] = {"drafted_tokens": u.drafted, "accepted_tokens": u.accepted}
+    return out
 
 
 @dataclass
@@ -104,7 +89,7 @@ def chat_response(
             }
             for c in choices
         ],
-        "usage": usage.body(),
+        "usage": usage_body(usage),
         "seed": seed,
     }
 
@@ -122,7 +107,7 @@ def completion_response(
             {"index": c.index, "text": c.text, "logprobs": c.logprobs, "finish_reason": c.finish_reason}
             for c in choices
         ],
-        "usage": usage.body(),
+        "usage": usage_body(usage),
         "seed": seed,
     }
 
@@ -172,7 +157,7 @@ def usage_chunk(rid: str, model: str, created: int, obj: str, usage: Usage) -> d
         "created": created,
         "model": model,
         "choices": [],
-        "usage": usage.body(),
+        "usage": usage_body(usage),
     }
 
 

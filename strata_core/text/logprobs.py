@@ -39,9 +39,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from strata_core.options import MAX_ALTERNATIVES
 from strata_core.protocol import Logprob
 
-MAX_TOP = 20
 UNLIKELY = -9999.0  # OpenAI's logprob for "very unlikely"; JSON has no -inf
 
 
@@ -128,8 +128,8 @@ class Aligner:
     """
 
     def __init__(self, pieces: Sequence[bytes], alternatives: int = 0) -> None:
-        if not 0 <= alternatives <= MAX_TOP:
-            raise ValueError(f"alternatives = {alternatives} is out of range (expected 0..{MAX_TOP})")
+        if not 0 <= alternatives <= MAX_ALTERNATIVES:
+            raise ValueError(f"alternatives = {alternatives} is out of range (expected 0..{MAX_ALTERNATIVES})")
         self.pieces = pieces
         self.alternatives = alternatives
         self._dec = codecs.getincrementaldecoder("utf-8")("replace")

@@ -21,7 +21,7 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from strata_core.tools import Dialect, detect_dialect
+from strata_core.text.tools import Dialect, detect_dialect
 
 # Used when a GGUF carries no ``tokenizer.chat_template``: ChatML, the template transformers
 # used as its class-level default, and the format most small instruct models are tuned on.

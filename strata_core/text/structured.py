@@ -40,9 +40,9 @@ from jsonschema.exceptions import SchemaError
 
 from strata_core import protocol as proto
 from strata_core.errors import ApiError
-from strata_core.grammars import grammar_error, json_schema_grammar
-from strata_core.logprobs import Entry, slice_entries
 from strata_core.requests import ResponseFormat
+from strata_core.text.grammars import grammar_error, json_schema_grammar
+from strata_core.text.logprobs import Entry, slice_entries
 
 _FENCE = re.compile(r"```(?:json)?[ \t]*\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
 #: Most places an embedded value is looked for (each a JSON parse from there).

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from strata_core import bodies
-from strata_core.logprobs import Aligner, Entry, Span
-from strata_core.reader import TokenEvent
-from strata_core.reasoning import Piece, ThinkSplitter
-from strata_core.text import Detokenizer, StopMatcher
-from strata_core.tools import CallDelta, Dialect, ToolCall, ToolCallParser, split_events
+from strata_core.reader import TokenEvent, Usage
+from strata_core.text.detokenize import Detokenizer, StopMatcher
+from strata_core.text.logprobs import Aligner, Entry, Span
+from strata_core.text.reasoning import Piece, ThinkSplitter
+from strata_core.text.tools import CallDelta, Dialect, ToolCall, ToolCallParser, split_events
 
 
 @dataclass
@@ -26,7 +25,7 @@ class Delta:
 
     text: str
     finish: str | None = None
-    usage: bodies.Usage | None = None
+    usage: Usage | None = None
     entries: list[Entry] | None = None
     reasoning: str = ""
     reasoning_entries: list[Entry] | None = None

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from strata_core.text import held_prefix
+from strata_core.text.detokenize import held_prefix
 
 OPEN = "<think>"
 CLOSE = "</think>"

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from strata_core.grammars import JSON_STYLE
-from strata_core.text import held_prefix
+from strata_core.text.detokenize import held_prefix
+from strata_core.text.grammars import JSON_STYLE
 
 HERMES_OPEN = "<tool_call>"
 HERMES_CLOSE = "</tool_call>"

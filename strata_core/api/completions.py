@@ -1,0 +1,140 @@
+"""OpenAI's ``/v1/chat/completions`` and ``/v1/completions`` over the shared request path
+(service.py): request -> prompts and engine options -> choices -> one body or SSE chunks
+(bodies.py, stream.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable
+from typing import TypeVar, cast
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from strata_core.api import bodies
+from strata_core.api.service import Service, engine_unavailable, json_body, service_of
+from strata_core.api.stream import Collected, collect, sse_stream
+from strata_core.errors import ApiError
+from strata_core.reader import EngineUnavailable, Usage
+from strata_core.requests import BaseRequest, ChatRequest, CompletionRequest, parse_request
+from strata_core.sampling import resolve_seed
+from strata_core.text.choice import ChatShape
+from strata_core.text.detokenize import decode
+from strata_core.text.structured import Constraint, constraint_for, reconcile_choice
+
+T = TypeVar("T")
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    service = service_of(request)
+    req = parse_request(ChatRequest, await json_body(request))
+    service.ready()
+    prompt, shape = await service.chat_prompt(req)
+    grammar = service.tool_grammar(req)
+    return await respond(service, request, req, [prompt], "messages", shape=shape, grammar=grammar)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    service = service_of(request)
+    req = parse_request(CompletionRequest, await json_body(request))
+    service.ready()
+    p = req.prompt
+    texts: list[str] | None = None
+    if isinstance(p, str):
+        texts = [p]
+    elif isinstance(p[0], str):
+        texts = cast(list[str], p)
+    if texts is not None:
+        prompts = [await service.tokenize(s) for s in texts]
+    elif isinstance(p[0], list):
+        prompts = [list(x) for x in cast(list[list[int]], p)]
+    else:
+        prompts = [list(cast(list[int], p))]
+    for ids in prompts:
+        service.check_token_ids(ids, "prompt")
+    echoes = None
+    if req.echo:  # the prompt as sent; token ids as their text
+        echoes = texts if texts is not None else [decode(service.pieces, ids) for ids in prompts]
+    return await respond(service, request, req, prompts, "prompt", echoes=echoes)
+
+
+async def respond(
+    service: Service,
+    request: Request,
+    req: BaseRequest,
+    prompts: list[list[int]],
+    param: str,
+    echoes: list[str] | None = None,
+    shape: ChatShape | None = None,
+    grammar: str | None = None,
+) -> Response:
+    """Run every choice of ``req`` (``n`` per prompt) and answer: a chat when ``shape``
+    is given (``param`` is ``messages``), else a completion."""
+    chat = isinstance(req, ChatRequest)
+    service.check_model(req.model)
+    constraint = constraint_for(req.response_format)
+    if constraint is not None and grammar is None:  # a forced tool call's grammar goes first
+        grammar = constraint.gen_value()
+    seed = resolve_seed(req.seed)
+    max_new = [service.check_lengths(p, req, param) for p in prompts]
+    rid = bodies.new_id("chatcmpl" if chat else "cmpl")
+    stops = req.stop_list()
+    iters = []
+    for pi, prompt in enumerate(prompts):
+        echo = echoes[pi] if echoes else ""
+        for j in range(req.n):
+            opts = service.options(req, seed=seed_for_choice(seed, pi * req.n + j), max_tokens=max_new[pi],
+                                   grammar=grammar)  # fmt: skip
+            iters.append(service.start_choice(prompt, opts, stops, echo, shape))
+    headers = {"x-strata-seed": str(seed)}
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(
+            sse_stream(rid, service.model_id, iters, chat, include_usage, prompts, req.n),
+            media_type="text/event-stream",
+            headers=headers,
+        )
+    try:
+        results = await until_disconnect(request, asyncio.gather(*(collect(i) for i in iters)))
+    except EngineUnavailable as exc:
+        raise engine_unavailable(exc) from None
+    usage = Usage(prompt=sum(len(p) for p in prompts))
+    for i, r in enumerate(results):
+        usage.add_choice(r.usage, first_of_prompt=i % req.n == 0)
+    if constraint is not None and not echoes:  # an echoed prompt is not part of the value
+        results = [_reconciled(r, constraint) for r in results]
+    choices = [r.choice(i, chat) for i, r in enumerate(results)]
+    build = bodies.chat_response if chat else bodies.completion_response
+    return JSONResponse(build(rid, service.model_id, choices, usage, seed), headers=headers)
+
+
+def seed_for_choice(seed: int, i: int) -> int:
+    """Distinct, reproducible seeds for the n choices of one request."""
+    if i == 0:
+        return seed
+    x = (seed + 0x9E3779B97F4A7C15 * i) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Run ``work``; cancel it (and so its engine requests) if the client goes away."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=0.5)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            raise ApiError(499, "client closed the request", code="client_closed")
+
+
+def _reconciled(r: Collected, constraint: Constraint) -> Collected:
+    """A structured choice as returned: structured.reconcile_choice's content and entries."""
+    text, entries = reconcile_choice(r.text, r.entries, constraint.schema)
+    return dataclasses.replace(r, text=text, entries=entries)

@@ -1,0 +1,287 @@
+"""The request path every API shares (docs/architecture.md, "One request's path"): the
+engine's vocabulary and chat template, prompts, the engine options of one choice, and
+one choice followed from GEN to its last piece. An API family's module (completions.py)
+turns its request into these calls and their pieces into its bodies."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+
+from strata_core import protocol as proto
+from strata_core.api.metrics import Metrics
+from strata_core.config import Config
+from strata_core.errors import ApiError
+from strata_core.models import ALIASES
+from strata_core.options import GenOptions, OptionError
+from strata_core.reader import (
+    EngineClient,
+    EngineUnavailable,
+    Finished,
+    RequestStream,
+    TokenEvent,
+    Usage,
+)
+from strata_core.requests import BaseRequest, ChatRequest
+from strata_core.sampling import REQUEST_PARAMS, gen_options, max_new_tokens
+from strata_core.text.chat import FALLBACK_TEMPLATE, ChatTemplate, TemplateError
+from strata_core.text.choice import ChatShape, ChoiceText, Delta, carry
+from strata_core.text.grammars import grammar_error, llguidance_grammar
+from strata_core.text.reasoning import prompt_opens_think
+from strata_core.text.tools import call_grammar
+
+
+def service_of(request: Request) -> Service:
+    """The app's Service (create_app puts it in the app's state)."""
+    return request.app.state.service  # type: ignore[no-any-return]
+
+
+async def json_body(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+def engine_unavailable(why: object) -> ApiError:
+    return ApiError(503, f"the engine is unavailable: {why}", type="server_error", code="engine_unavailable")
+
+
+@dataclass
+class Service:
+    config: Config
+    model_id: str
+    engine: EngineClient
+    backend_info: dict[str, Any] = field(default_factory=dict)
+    pieces: list[bytes] = field(default_factory=list)
+    template: ChatTemplate | None = None
+    metrics: Metrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        slots = self.config.engine.parallel
+        self.metrics = Metrics(
+            queue_depth=lambda: max(0, self.engine.in_flight - slots),
+            busy_slots=lambda: min(self.engine.in_flight, slots),
+            cancelled=lambda: self.engine.done_reasons["cancelled"],
+        )
+
+    async def prepare(self) -> None:
+        """Learn the vocabulary and chat template once the engine is ready."""
+        await self.engine.wait_ready()
+        info = self.engine.info
+        self.pieces = await self.engine.vocab()
+        self.template = ChatTemplate(
+            info.get("chat_template") or FALLBACK_TEMPLATE,
+            bos_token=info.get("bos_text", ""),
+            eos_token=info.get("eos_text", ""),
+        )
+
+    @property
+    def n_ctx(self) -> int:
+        return int(self.engine.info["n_ctx"])
+
+    @property
+    def n_vocab(self) -> int:
+        return int(self.engine.info["n_vocab"])
+
+    # ---- checks every request passes ------------------------------------------------------
+
+    def ready(self) -> None:
+        """503 while the engine (re)starts."""
+        if not self.engine.ready.is_set():
+            raise ApiError(503, "the engine is starting; try again shortly", type="server_error",
+                           code="engine_unavailable")  # fmt: skip
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model not in {self.model_id, *ALIASES}:
+            raise ApiError(
+                404,
+                f"the model {model!r} does not exist; this server serves {self.model_id!r}",
+                param="model",
+                code="model_not_found",
+            )
+
+    def check_token_ids(self, ids: list[int], param: str) -> None:
+        bad = [t for t in ids if t >= self.n_vocab]
+        if bad:
+            raise ApiError(400, f"{param} holds token id {bad[0]}, outside the vocabulary (token ids are "
+                           f"0..{self.n_vocab - 1})", param=param, code="invalid_value")  # fmt: skip
+
+    # ---- prompts --------------------------------------------------------------------------
+
+    async def tokenize(self, text: str) -> list[int]:
+        ids = await self.engine.tokenize(text, special=True)
+        bos = self.engine.info.get("bos")
+        if self.engine.info.get("add_bos") and bos is not None and (not ids or ids[0] != bos):
+            ids.insert(0, bos)
+        return ids
+
+    async def chat_prompt(self, req: ChatRequest) -> tuple[list[int], ChatShape]:
+        """The prompt's token ids, and how the reply will be cut up."""
+        assert self.template is not None
+        dialect = self.template.tool_dialect
+        if req.tools and dialect is None:
+            raise ApiError(
+                400,
+                "this model's chat template does not support tools (it never reads them), "
+                "so the model would not see them; leave tools out",
+                param="tools",
+                code="unsupported_value",
+            )
+        mode = req.tool_mode()
+        tools = None if mode == "none" else [t.template_view() for t in req.tools or ()]
+        messages = [m.template_view() for m in req.messages]
+        try:
+            text = self.template.render(
+                messages, add_generation_prompt=True, tools=tools, **(req.chat_template_kwargs or {})
+            )
+        except TemplateError as exc:
+            raise ApiError(400, f"the chat template failed: {exc}", param="messages") from None
+        shape = ChatShape(prompt_opens_think(text), None if mode == "none" else dialect)
+        return await self.engine.tokenize(text, special=True), shape
+
+    def tool_grammar(self, req: ChatRequest) -> str | None:
+        """The grammar option forcing a call for tool_choice required / named."""
+        mode = req.tool_mode()
+        if mode not in ("required", "named"):
+            return None
+        dialect = self.template.tool_dialect if self.template is not None else None
+        assert dialect is not None  # chat_prompt refused tools without one
+        if "grammar" not in self.engine.info.get("capabilities", ()):
+            raise ApiError(
+                400,
+                f"tool_choice {mode!r} needs constrained decoding, which this engine does not "
+                "offer (no 'grammar' capability); send tool_choice 'auto'",
+                param="tool_choice",
+                code="unsupported_value",
+            )
+        tools = [t.template_view() for t in req.forced_tools()]
+        grammar = call_grammar(tools, dialect, parallel=req.parallel_tool_calls is not False)
+        problem = grammar_error(llguidance_grammar("lark", grammar))
+        if problem:
+            raise ApiError(400, f"the tools' parameters cannot be enforced: {problem}", param="tools",
+                           code="invalid_value")  # fmt: skip
+        return proto.encode_grammar("lark", grammar)
+
+    def check_lengths(self, prompt: list[int], req: BaseRequest, param: str) -> int:
+        """The max_tokens to send; 400 when the prompt or the request exceed the context."""
+        n_ctx, n = self.n_ctx, len(prompt)
+        if n >= n_ctx:
+            raise ApiError(
+                400,
+                f"the prompt has {n} tokens but the model's context holds {n_ctx}",
+                param=param,
+                code="context_length_exceeded",
+            )
+        max_new = max_new_tokens(req, self.config.sampling)
+        if max_new is not None and n + max_new > n_ctx:
+            name = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
+            raise ApiError(
+                400,
+                f"{name} = {max_new} does not fit: the prompt has {n} tokens and the "
+                f"context holds {n_ctx}, leaving {n_ctx - n}",
+                param=name,
+                code="context_length_exceeded",
+            )
+        return max_new if max_new is not None else n_ctx - n
+
+    # ---- one choice -----------------------------------------------------------------------
+
+    def options(self, req: BaseRequest, *, seed: int, max_tokens: int, grammar: str | None) -> GenOptions:
+        """The engine options of one choice: the request's sampling and logprobs, the
+        operator's defaults, and how the engine runs it (alone for an exact seeded replay,
+        or with speculative windows)."""
+        cfg = self.config
+        opts = gen_options(req, cfg.sampling, seed=seed, max_tokens=max_tokens)
+        if req.seed is not None and cfg.sampling.exact_seed_replay:
+            opts = opts.replace(isolate=True)
+        elif cfg.speculative.mode != "off" and req.speculative is not False:
+            opts = opts.replace(spec=cfg.speculative.mode)
+        if grammar is not None:
+            opts = opts.replace(grammar=grammar)
+        try:
+            opts.check(self.n_vocab)
+        except OptionError as exc:
+            param = REQUEST_PARAMS.get(exc.key, exc.key)
+            raise ApiError(400, f"invalid {param}: {exc}", param=param, code="invalid_value") from None
+        return opts
+
+    def start_choice(
+        self,
+        prompt: list[int],
+        options: GenOptions,
+        stops: list[str],
+        echo: str = "",
+        shape: ChatShape | None = None,
+    ) -> AsyncIterator[Delta]:
+        """Send GEN now (so an unavailable engine fails before the first byte); the choice's
+        pieces as they come.
+
+        ``echo``: text shown before the generated text (completions' ``echo``);
+        ``shape``: a chat reply's reasoning / tool-call split (None: plain text).
+        """
+        try:
+            stream = self.engine.generate(prompt, options)
+        except EngineUnavailable as exc:
+            raise engine_unavailable(exc) from None
+        self.metrics.requests.inc()
+        return self._follow(stream, ChoiceText(self.pieces, stops, options.logprobs, shape), echo)
+
+    async def _follow(self, stream: RequestStream, choice: ChoiceText, echo: str) -> AsyncIterator[Delta]:
+        t0 = time.perf_counter()
+        last = t0
+        # entries released with no text (a stop, a think tag): sent with the next piece
+        carried = Delta("")
+        try:
+            if echo:
+                yield Delta(echo)
+            async for batch in stream.events():
+                end = batch[-1] if isinstance(batch[-1], Finished) else None
+                evs = [ev for ev in batch if isinstance(ev, TokenEvent)]
+                if evs:
+                    now = time.perf_counter()
+                    (self.metrics.itl if last != t0 else self.metrics.ttft).observe(now - last)
+                    for _ in evs[1:]:  # tokens that arrived with it
+                        self.metrics.itl.observe(0.0)
+                    last = now
+                if evs and not choice.stopped:
+                    piece = carry(carried, choice.push(*evs))
+                    if choice.stopped:
+                        self.engine.cancel(stream.rid)
+                    if piece.shows():
+                        carried = Delta("")
+                        yield piece
+                    else:
+                        carried = piece
+                if end is not None:
+                    yield self._last_piece(end, choice, carried)
+                    return
+        finally:
+            if not stream.finished:
+                self.engine.cancel(stream.rid)
+
+    def _last_piece(self, ev: Finished, choice: ChoiceText, carried: Delta) -> Delta:
+        """The choice's last piece once the engine is done: the rest of its text, the
+        finish reason and the usage."""
+        if ev.error is not None or ev.reason == "error":
+            self.metrics.errors.inc()
+            raise EngineUnavailable(ev.error or "the engine failed the request")
+        usage = Usage.from_stats(ev.stats)
+        self.metrics.spec_drafted.inc(usage.drafted)
+        self.metrics.spec_accepted.inc(usage.accepted)
+        self.metrics.prompt_tokens.inc(usage.prompt)
+        self.metrics.cached_tokens.inc(usage.cached)
+        self.metrics.gen_tokens.inc(usage.completion)
+        tail = carry(carried, choice.end())
+        finish = "stop" if choice.stopped or ev.reason != "length" else "length"
+        tail.tool_calls = choice.tool_calls
+        if finish == "stop" and tail.tool_calls:
+            finish = "tool_calls"
+        tail.finish, tail.usage = finish, usage
+        return tail

@@ -1,0 +1,216 @@
+"""The engine contract: every option a GEN command carries, typed, in one place
+(docs/architecture.md, "Engine protocol").
+
+The server builds one ``GenOptions`` from the validated request and the operator's
+defaults (sampling.py); ``encode`` writes it as GEN ``key=value`` pairs, leaving out every
+value equal to its default, so a plain greedy request costs the engine nothing to read;
+the engine ``decode``s the pairs back into the same type. A value is checked where it is
+built (``__post_init__``: ranges that hold on any model) and against the model by
+``check`` (token ids against the vocabulary) — on both sides: the server answers a 400
+naming the request's parameter, and the engine refuses what any other client sends.
+
+A key's name on the wire is its field's name; its encoding is the field's ``Codec``.
+Adding a GEN option is one field here and its use where it acts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+#: Most logprob alternatives per token (OpenAI's ``top_logprobs`` limit).
+MAX_ALTERNATIVES = 20
+LOGPROBS_MODES = ("raw", "processed")
+SPEC_MODES = ("off", "ngram", "draft")  # "draft" needs an engine started with a draft model
+
+
+class OptionError(ValueError):
+    """A GEN option that is malformed or out of range; ``key`` is its name on the wire."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class Codec(NamedTuple):
+    encode: Callable[[Any], str]
+    decode: Callable[[str], Any]
+
+
+def _number(text: str) -> float:
+    return float(text)  # repr() below round-trips: the engine gets the very float sent
+
+
+def _ids(text: str) -> tuple[int, ...]:
+    return tuple(int(t) for t in text.split(",") if t)
+
+
+def _pairs(text: str) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for item in text.split(","):
+        tok, sep, value = item.partition(":")
+        if not sep:
+            raise ValueError(f"expected id:value, got {item!r}")
+        out[int(tok)] = float(value)
+    return out
+
+
+INT = Codec(str, int)
+FLOAT = Codec(lambda x: repr(float(x)), _number)
+TEXT = Codec(str, str)
+FLAG = Codec(lambda b: "1" if b else "0", lambda s: {"1": True, "0": False}[s])
+IDS = Codec(lambda ids: ",".join(str(t) for t in ids), _ids)
+BIAS = Codec(lambda m: ",".join(f"{t}:{float(v)!r}" for t, v in sorted(m.items())), _pairs)
+
+
+def _opt(default: Any, codec: Codec) -> Any:
+    if isinstance(default, dict):  # a mutable default: each instance gets a copy
+        return field(default_factory=lambda: dict(default), metadata={"codec": codec})
+    return field(default=default, metadata={"codec": codec})
+
+
+def _check(key: str, ok: bool, value: object, expected: str) -> None:
+    if not ok:
+        raise OptionError(key, f"{key}={value} is out of range: expected {expected}")
+
+
+def _one_of(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise OptionError(key, f"{key}={value!r} is not supported: expected {', '.join(choices[:-1])} or {choices[-1]}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """The sampling chain's settings (engine/sampler.py applies them; the defaults are
+    neutral: greedy over the raw row)."""
+
+    temperature: float = _opt(0.0, FLOAT)
+    top_k: int = _opt(0, INT)
+    top_p: float = _opt(1.0, FLOAT)
+    min_p: float = _opt(0.0, FLOAT)
+    penalty_repeat: float = _opt(1.0, FLOAT)
+    penalty_freq: float = _opt(0.0, FLOAT)
+    penalty_present: float = _opt(0.0, FLOAT)
+    penalty_last_n: int = _opt(0, INT)
+    seed: int = _opt(0, INT)
+    bias: Mapping[int, float] = _opt({}, BIAS)
+    allowed: tuple[int, ...] | None = _opt(None, IDS)
+
+    def __post_init__(self) -> None:
+        _check("temperature", 0.0 <= self.temperature < math.inf, self.temperature, ">= 0")
+        _check("top_k", self.top_k >= 0, self.top_k, ">= 0 (0 = no cut)")
+        _check("top_p", 0.0 <= self.top_p <= 1.0, self.top_p, "in [0, 1]")
+        _check("min_p", 0.0 <= self.min_p <= 1.0, self.min_p, "in [0, 1]")
+        _check("penalty_repeat", 0.0 < self.penalty_repeat < math.inf, self.penalty_repeat, "> 0")
+        for name in ("penalty_freq", "penalty_present"):
+            _check(name, math.isfinite(getattr(self, name)), getattr(self, name), "finite")
+        _check("penalty_last_n", self.penalty_last_n >= 0, self.penalty_last_n, ">= 0 (0 = off)")
+        _check("seed", 0 <= self.seed < 1 << 64, self.seed, "in [0, 2**64)")
+        for i, v in self.bias.items():
+            _check("bias", i >= 0, i, "a token id >= 0")
+            _check("bias", v < math.inf, f"{i}:{v}", "a finite value or -inf")
+        if self.allowed is not None:
+            _check("allowed", len(self.allowed) > 0, "", "at least one token id")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def penalised(self) -> bool:
+        neutral = (self.penalty_repeat, self.penalty_freq, self.penalty_present) == (1.0, 0.0, 0.0)
+        return self.penalty_last_n > 0 and not neutral
+
+    @property
+    def plain(self) -> bool:
+        """Greedy over the raw row: the default request, which pays for one argmax."""
+        return self.greedy and not self.bias and self.allowed is None and not self.penalised
+
+
+@dataclass(frozen=True)
+class GenOptions:
+    """One GEN request's options besides its prompt."""
+
+    #: most tokens to generate; None: until a stop or the end of the context
+    max_tokens: int | None = _opt(None, INT)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    #: token ids that end the request besides the model's end-of-generation tokens
+    stop_ids: tuple[int, ...] = _opt((), IDS)
+    #: report each token's logprob and this many alternatives; None: no LP lines
+    logprobs: int | None = _opt(None, INT)
+    #: ``raw``: the model's distribution (before bias, penalties, grammar, temperature;
+    #: renormalised over ``allowed``); ``processed``: the one the token was drawn from
+    logprobs_mode: Literal["raw", "processed"] = _opt("raw", TEXT)
+    #: constrained decoding (protocol.encode_grammar: ``json_object`` or ``<kind>:<b64>``)
+    grammar: str | None = _opt(None, TEXT)
+    spec: Literal["off", "ngram", "draft"] = _opt("off", TEXT)
+    #: decode in a batch of its own, without windows, so a seeded request replays exactly
+    isolate: bool = _opt(False, FLAG)
+
+    def __post_init__(self) -> None:
+        if self.max_tokens is not None:
+            _check("max_tokens", self.max_tokens >= 1, self.max_tokens, ">= 1")
+        if self.logprobs is not None:
+            _check("logprobs", 0 <= self.logprobs <= MAX_ALTERNATIVES, self.logprobs, f"0..{MAX_ALTERNATIVES}")
+        _one_of("logprobs_mode", self.logprobs_mode, LOGPROBS_MODES)
+        _one_of("spec", self.spec, SPEC_MODES)
+
+    def check(self, n_vocab: int) -> None:
+        """Refuse token ids outside a vocabulary of ``n_vocab`` (OptionError naming the key)."""
+        s = self.sampling
+        for key, ids in (("bias", s.bias), ("allowed", s.allowed or ()), ("stop_ids", self.stop_ids)):
+            bad = [t for t in ids if not 0 <= t < n_vocab]
+            _check(key, not bad, bad[:1] and bad[0], f"token ids in [0, {n_vocab}) (the vocabulary)")
+
+    def encode(self) -> dict[str, str]:
+        """The GEN ``key=value`` pairs, values equal to their defaults left out."""
+        return {f.name: f.metadata["codec"].encode(v) for obj in (self, self.sampling) for f, v in _set(obj)}
+
+    @classmethod
+    def decode(cls, keys: Mapping[str, str]) -> GenOptions:
+        """The options GEN ``keys`` spell (unknown keys are the caller's: ``unknown``)."""
+        parts: dict[type, dict[str, Any]] = {cls: {}, SamplingParams: {}}
+        for key, text in keys.items():
+            owner = OWNERS.get(key)
+            if owner is None:
+                continue
+            codec = CODECS[key]
+            try:
+                parts[owner][key] = codec.decode(text)
+            except (ValueError, KeyError):
+                raise OptionError(key, f"{key}={text!r} is not valid: expected {_EXPECTED[codec]}") from None
+        return cls(sampling=SamplingParams(**parts[SamplingParams]), **parts[cls])
+
+    @staticmethod
+    def unknown(keys: Iterable[str]) -> list[str]:
+        """The keys no option has (an engine warns about them)."""
+        return [k for k in keys if k not in OWNERS]
+
+    def replace(self, **changes: Any) -> GenOptions:
+        return dataclasses.replace(self, **changes)
+
+
+def _set(obj: Any) -> Iterable[tuple[dataclasses.Field[Any], Any]]:
+    for f in dataclasses.fields(obj):
+        if "codec" not in f.metadata:
+            continue
+        default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+        if (v := getattr(obj, f.name)) != default:
+            yield f, v
+
+
+_EXPECTED = {
+    INT: "an integer", FLOAT: "a number", TEXT: "text", FLAG: "0 or 1", IDS: "token ids id,id,...",
+    BIAS: "id:value,...",
+}  # fmt: skip
+#: Every GEN key: the dataclass that holds it, and its codec.
+OWNERS: Mapping[str, type] = {
+    f.name: cls for cls in (GenOptions, SamplingParams) for f in dataclasses.fields(cls) if "codec" in f.metadata
+}
+CODECS: Mapping[str, Codec] = {
+    f.name: f.metadata["codec"] for cls in (GenOptions, SamplingParams) for f in dataclasses.fields(cls)
+    if "codec" in f.metadata
+}  # fmt: skip
