@@ -1,4 +1,4 @@
-"""Developer sessions: nox -s tests | lint | typecheck | serve | bench."""
+"""Developer sessions: nox -s tests | lint | typecheck | serve | bench | soak."""
 
 from __future__ import annotations
 
@@ -43,3 +43,11 @@ def serve(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     install(session)
     session.run("python", "bench/serving.py", *session.posargs)
+
+
+@nox.session
+def soak(session: nox.Session) -> None:
+    """A real server under a mixed load for 30 minutes, its engine killed every 5
+    (docs/reliability.md); pass other options after --, e.g. nox -s soak -- --minutes 5."""
+    install(session)
+    session.run("python", "bench/soak.py", *session.posargs)
