@@ -154,7 +154,8 @@ def main() -> None:
                         except httpx.TimeoutException:
                             servers[mode].dump_stacks()
                             log = servers[mode].log.read_text(errors="replace")
-                            sys.exit(f"round {rnd} {mode} {name} c={c}: a stream stalled; its server's log ends:\n{log[-12000:]}")
+                            sys.exit(f"round {rnd} {mode} {name} c={c}: a stream stalled; its server's log ends:\n{log[-12000:]}"
+                                     f"\nits engine's log ends:\n{servers[mode].engine_log_tail()}")
                         table.setdefault((mode, name, c), []).append(r)
                         print(f"round {rnd} {mode:<8} {name:<10} c={c}: {line(r)}", flush=True)
     print(f"pooled over {a.rounds} rounds:")

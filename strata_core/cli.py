@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 from strata_core import __version__
 from strata_core.backend import Backend
-from strata_core.build import BuildError, EngineBuild, ensure_engine, find_engine, list_engines
+from strata_core.build import (
+    BuildError,
+    EngineBuild,
+    ensure_engine,
+    find_engine,
+    list_engines,
+    strata_home,
+)
 from strata_core.config import Config, ConfigError, load_config
 from strata_core.models import ModelError, resolve_model
 from strata_core.plugins import BackendError, Registry, load_registry, select_backend
@@ -139,6 +148,37 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
+
+
+def engine_log_path(args: argparse.Namespace, port: int) -> Path | None:
+    """Where the engine's stderr (llama.cpp's log) goes: ``--engine-log``, or
+    $STRATA_HOME/logs/engine-<port>.log; None (the console) with ``--log-level debug``."""
+    if args.engine_log:
+        path = Path(args.engine_log)
+    elif args.log_level in ("debug", "trace"):
+        return None
+    else:
+        path = strata_home() / "logs" / f"engine-{port}.log"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot create {path.parent} for the engine's log: {exc} (set STRATA_HOME "
+                         "or pass --engine-log PATH)") from None  # fmt: skip
+    return path.absolute()
+
+
+def console_logging(level: str) -> None:
+    """Strata's own records (the engine's errors and warnings, its exits) on the console,
+    shaped like uvicorn's."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s:  %(message)s"))
+    logger = logging.getLogger("strata")
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if level == "trace" else level.upper())
+    logger.propagate = False
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import faulthandler
     import signal
@@ -175,13 +215,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         spec_adaptive=spec.adaptive,
         prompt_cache_mib=e.prompt_cache_mib,
     )
-    service = Service(cfg, model.id, EngineClient(command))
+    host, port = cfg.server.host, cfg.server.port
+    log_path = engine_log_path(args, port)
+    service = Service(cfg, model.id, EngineClient(command, log_path))
     service.backend_info = {
         "backend": backend.name,
         "build": {k: build.meta.get(k) for k in ("cmake_args", "llama_cpp_python", "site")},
         "devices": [vars(d) for d in backend.probe().devices],
+        "engine_log": str(log_path) if log_path else None,
     }
-    host, port = cfg.server.host, cfg.server.port
+    console_logging(args.log_level)
+    where = f"; the engine logs to {log_path}" if log_path else ""
+    print(f"Strata: loading {model.id} on {backend.name}{where}", flush=True)
 
     async def announce() -> None:
         print(
@@ -191,8 +236,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
 
     app = create_app(service, on_ready=announce)
-    # `kill -USR1` on the server or its engine prints every thread's stack to the console:
-    # what a hung request waits on, without a debugger (README, "API")
+    # `kill -USR1` on the server prints every thread's stack to the console (the engine's
+    # go to its log): what a hung request waits on, without a debugger (README, "Logs and metrics")
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     uvicorn.run(app, host=host, port=port, log_level=args.log_level)
     return 0
@@ -229,7 +274,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parallel", type=int, help="parallel slots")
     p.add_argument("--n-ctx", type=int, help="context per slot")
     p.add_argument("--draft-model", help='speculate with this draft GGUF (sets [speculative] mode = "draft")')
-    p.add_argument("--log-level", default="warning")
+    p.add_argument("--log-level", default="warning", choices=LOG_LEVELS,
+                   help="what the console shows (default warning); debug and trace also show the "
+                        "engine's log (llama.cpp)")  # fmt: skip
+    p.add_argument("--engine-log", metavar="PATH",
+                   help="append the engine's log here (default $STRATA_HOME/logs/engine-<port>.log)")  # fmt: skip
     p.set_defaults(func=cmd_serve)
     return ap
 

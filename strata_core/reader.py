@@ -3,7 +3,9 @@
 One asyncio task reads the engine's stdout, demultiplexes events by request id and
 pairs each ``LP`` with its ``T``; it needs no timeouts because every request says up
 front whether LP lines are due. When the engine exits, every request in flight ends
-with an error and the supervisor starts a new engine, with backoff.
+with an error and the supervisor starts a new engine, with backoff. The engine's stderr
+(llama.cpp's log, Python's warnings and stack dumps) goes to a log file when one is
+given; an unexpected exit is logged with that file's last lines.
 """
 
 from __future__ import annotations
@@ -13,10 +15,14 @@ import collections
 import itertools
 import logging
 import os
+import shlex
+import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 from strata_core import protocol as proto
 from strata_core.config import EngineConfig, SpeculativeConfig
@@ -72,6 +78,7 @@ class RequestStream:
 
     rid: str
     wants_lp: bool
+    tokens: int = 0  # held in the engine's context: the prompt, and each token emitted since
     queue: asyncio.Queue[TokenEvent | Finished] = field(default_factory=asyncio.Queue)
     held: int | None = None  # a T waiting for its LP
     error: str | None = None
@@ -98,9 +105,36 @@ class EngineCommand:
     env: Mapping[str, str]
 
 
+#: Lines of the engine's log shown when it exits unexpectedly.
+LOG_TAIL_LINES = 20
+
+
+def log_tail(path: Path, n: int = LOG_TAIL_LINES) -> list[str]:
+    """The last ``n`` lines of a log file (read from its end: the file only grows)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 64 * 1024))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+    return lines[-n:]
+
+
+def exit_status(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
 class EngineClient:
-    def __init__(self, command: EngineCommand) -> None:
+    """``log_path``: the file the engine's stderr is appended to (None: the server's console)."""
+
+    def __init__(self, command: EngineCommand, log_path: Path | None = None) -> None:
         self.command = command
+        self.log_path = log_path
         self.info: dict[str, Any] = {}
         self.ready = asyncio.Event()
         self.proc: asyncio.subprocess.Process | None = None
@@ -145,7 +179,7 @@ class EngineClient:
         while not self._closing:
             loop = asyncio.get_running_loop()
             began = loop.time()
-            await self._run_once()
+            code = await self._run_once()
             self._fail_all("the engine exited")
             self.ready.clear()
             if self._closing:
@@ -153,32 +187,62 @@ class EngineClient:
             if loop.time() - began > 30:
                 backoff = 0.25
             self.restarts += 1
-            log.warning("engine exited; restarting in %.2f s", backoff)
+            self._report_exit(code, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 10.0)
 
-    async def _run_once(self) -> None:
+    def _report_exit(self, code: int | None, backoff: float) -> None:
+        """An unexpected exit, on the console: why, and where the engine said why."""
+        what = f"the engine exited unexpectedly ({exit_status(code)}); restarting in {backoff:.2f} s"
+        if self.log_path is None:
+            log.warning("%s", what)
+            return
+        tail = log_tail(self.log_path)
+        log.warning("%s. The last %d lines of its log, %s:\n%s", what, len(tail), self.log_path,
+                    "\n".join("    " + line for line in tail))  # fmt: skip
+
+    def _open_log(self) -> IO[bytes] | None:
+        """The engine's stderr: the log file, opened to append (None: the console)."""
+        if self.log_path is None:
+            return None
+        try:
+            f = open(self.log_path, "ab")
+        except OSError as exc:
+            log.warning("cannot write the engine's log %s (%s); it goes to the console", self.log_path, exc)
+            return None
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        f.write(f"\n==== {stamp} strata starts the engine: {shlex.join(self.command.argv)}\n".encode())
+        f.flush()
+        return f
+
+    async def _run_once(self) -> int | None:
+        """Run one engine until it exits; its exit code (None: it could not start)."""
         env = dict(os.environ)
         env.update(self.command.env)
+        stderr = self._open_log()
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *self.command.argv,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
-                stderr=None,
+                stderr=stderr,
                 env=env,
                 limit=64 * 1024 * 1024,  # the VOCAB reply is one long line
             )
         except OSError as exc:
             self.start_error = f"cannot start the engine: {exc}"
             self._started.set()
-            return
+            return None
+        finally:
+            if stderr is not None:
+                stderr.close()  # the engine holds its own copy
         try:
             await self._read(self.proc)
         finally:
             if self.proc.returncode is None:
                 self.proc.kill()
             await self.proc.wait()
+        return self.proc.returncode
 
     async def _read(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
@@ -201,6 +265,7 @@ class EngineClient:
             st = self._streams.get(ev.rid)
             if st is None:
                 return
+            st.tokens += 1
             if st.held is not None:  # an LP never came for the previous T
                 st.queue.put_nowait(TokenEvent(st.held))
                 st.held = None
@@ -271,7 +336,7 @@ class EngineClient:
 
     def generate(self, prompt: Sequence[int], options: GenOptions, rid: str | None = None) -> RequestStream:
         rid = rid or self.new_rid()
-        st = RequestStream(rid, wants_lp=options.logprobs is not None)
+        st = RequestStream(rid, wants_lp=options.logprobs is not None, tokens=len(prompt))
         self._send(proto.Gen(rid, options.encode(), tuple(prompt)))
         self._streams[rid] = st
         return st
@@ -304,6 +369,16 @@ class EngineClient:
     @property
     def in_flight(self) -> int:
         return len(self._streams)
+
+    def kv_usage(self) -> float:
+        """The fraction of the engine's context (n_ctx x slots) that requests in flight hold,
+        as counted here: the prompts and tokens of the oldest requests, one a slot (the
+        engine admits in order). Prefixes idle slots keep for reuse are not counted."""
+        slots, n_ctx = int(self.info.get("slots", 0)), int(self.info.get("n_ctx", 0))
+        if not slots or not n_ctx:
+            return 0.0
+        held = sum(st.tokens for st in itertools.islice(self._streams.values(), slots))
+        return min(1.0, held / (slots * n_ctx))
 
 
 def engine_command(

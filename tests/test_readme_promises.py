@@ -110,13 +110,15 @@ def test_auto_takes_the_first_backend_that_can_run(monkeypatch: pytest.MonkeyPat
 
 
 def test_sigusr1_prints_stacks_and_serving_goes_on(cpu_engine: EngineBuild, tmp_path: Path) -> None:
-    """`kill -USR1` on the server and on its engine prints their threads' stacks to the
-    console (the engine's main loop, the server's event loop) and changes nothing else."""
+    """`kill -USR1` on the server prints its threads' stacks to the console (its event
+    loop), on the engine to the engine's log (its main loop), and changes nothing else."""
     log = tmp_path / "server.log"
     with Server(ARGS, log) as srv:
         srv.dump_stacks()
         text = log.read_text()
-        assert "strata_core/engine/__main__.py" in text  # the engine's stack
+        assert srv.engine_log is not None
+        assert "strata_core/engine/__main__.py" in srv.engine_log.read_text()  # the engine's stack
+        assert "strata_core/engine/__main__.py" not in text
         assert "uvicorn" in text  # the server's
         client = openai.OpenAI(base_url=f"{srv.base}/v1", api_key="x", max_retries=0, timeout=120)
         assert client.completions.create(model="default", prompt="Hi", max_tokens=2).usage.completion_tokens == 2

@@ -1,66 +1,83 @@
-"""Prometheus metrics in the text exposition format, without a client library."""
+"""/metrics: Strata's ``strata_*`` series, and under the names vLLM uses (``vllm:*``, with a
+``model_name`` label) the ones dashboards and routers written for vLLM read. One
+collector per app, in the app's own registry, renders them through prometheus_client."""
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
+import collections
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 
 class Counter:
-    def __init__(self, name: str, help: str, read: Callable[[], float] | None = None) -> None:
-        self.name, self.help, self.value, self.read = name, help, 0.0, read
+    """A count the server keeps (``inc``), or one read from where it is kept (``read``)."""
 
-    def inc(self, n: float = 1.0) -> None:
+    def __init__(self, name: str, help: str, read: Callable[[], int] | None = None) -> None:
+        self.name, self.help, self.value, self.read = name, help, 0, read
+
+    def inc(self, n: int = 1) -> None:
         self.value += n
 
-    def render(self) -> str:
-        value = self.read() if self.read else self.value
-        return f"# HELP {self.name} {self.help}\n# TYPE {self.name} counter\n{self.name} {value}\n"
-
-
-class Gauge:
-    def __init__(self, name: str, help: str, read: Callable[[], float]) -> None:
-        self.name, self.help, self.read = name, help, read
-
-    def render(self) -> str:
-        return f"# HELP {self.name} {self.help}\n# TYPE {self.name} gauge\n{self.name} {self.read()}\n"
+    def get(self) -> int:
+        return int(self.read()) if self.read else self.value
 
 
 class Histogram:
-    def __init__(self, name: str, help: str, buckets: Sequence[float]) -> None:
+    def __init__(self, name: str, help: str, bounds: Sequence[float]) -> None:
         self.name, self.help = name, help
-        self.bounds = list(buckets)
-        self.counts = [0] * (len(self.bounds) + 1)
+        self.bounds = list(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last: above every bound
         self.sum = 0.0
 
     def observe(self, v: float) -> None:
         self.counts[bisect.bisect_left(self.bounds, v)] += 1
         self.sum += v
 
-    def render(self) -> str:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
-        acc = 0
-        for bound, c in zip([*self.bounds, float("inf")], self.counts, strict=True):
-            acc += c
-            le = "+Inf" if bound == float("inf") else repr(bound)
-            lines.append(f'{self.name}_bucket{{le="{le}"}} {acc}')
-        lines += [f"{self.name}_sum {self.sum}", f"{self.name}_count {acc}"]
-        return "\n".join(lines) + "\n"
+    def buckets(self) -> list[tuple[str, int]]:
+        """Cumulative counts by upper bound, ``+Inf`` last."""
+        les = [floatToGoString(b) for b in self.bounds] + ["+Inf"]
+        return list(zip(les, itertools.accumulate(self.counts), strict=True))
 
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
+KV_USAGE_HELP = (
+    "Fraction (0..1) of the engine's KV cache held by requests in flight: their prompt and "
+    "generated tokens over n_ctx x slots, as the server counts them (the prefixes idle slots "
+    "keep for reuse are not included)"
+)
+
+COUNT_GAUGES = frozenset(
+    {"strata_queue_depth", "strata_busy_slots", "vllm:num_requests_running", "vllm:num_requests_waiting"}
+)
+"""The gauges that count things (requests), written as integers like the counters."""
+
 
 class Metrics:
+    """What the server counts, and the registry that renders it (``render``)."""
+
     def __init__(
         self,
         queue_depth: Callable[[], float],
         busy_slots: Callable[[], float],
         cancelled: Callable[[], float],
+        kv_usage: Callable[[], float] | None = None,
+        model_name: str = "",
     ) -> None:
         self.requests = Counter("strata_requests_total", "Completion requests received")
         self.cancelled = Counter(
-            "strata_requests_cancelled_total", "Engine requests that ended cancelled", cancelled
+            "strata_requests_cancelled_total", "Engine requests that ended cancelled", lambda: int(cancelled())
         )
         self.errors = Counter("strata_request_errors_total", "Requests that ended in an error")
         self.prompt_tokens = Counter("strata_prompt_tokens_total", "Prompt tokens processed")
@@ -70,8 +87,89 @@ class Metrics:
         self.spec_accepted = Counter("strata_spec_accepted_tokens_total", "Speculative tokens accepted")
         self.ttft = Histogram("strata_time_to_first_token_seconds", "Time to first token", LATENCY_BUCKETS)
         self.itl = Histogram("strata_inter_token_latency_seconds", "Time between tokens", LATENCY_BUCKETS)
-        self.queue = Gauge("strata_queue_depth", "Requests waiting for a slot", queue_depth)
-        self.busy = Gauge("strata_busy_slots", "Slots holding a request", busy_slots)
+        self.success: collections.Counter[str] = collections.Counter({"stop": 0, "length": 0})
+        self.queue_depth, self.busy_slots, self.kv_usage = queue_depth, busy_slots, kv_usage
+        self.model_name = model_name
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(self))
+
+    def finished(self, reason: str) -> None:
+        """One choice ended normally: ``stop`` (a stop token or string, a tool call) or ``length``."""
+        self.success["length" if reason == "length" else "stop"] += 1
 
     def render(self) -> str:
-        return "".join(m.render() for m in vars(self).values())
+        return integral_counts(generate_latest(self.registry).decode(), COUNT_GAUGES)
+
+
+class _Collector(Collector):
+    """One scrape's families, read from a Metrics at scrape time."""
+
+    def __init__(self, m: Metrics) -> None:
+        self.m = m
+
+    def collect(self) -> Iterator[Metric]:
+        m = self.m
+        for c in vars(m).values():
+            if isinstance(c, Counter):
+                yield _counter(c.name, c.help, c.get())
+        yield _gauge("strata_queue_depth", "Requests waiting for a slot", m.queue_depth())
+        yield _gauge("strata_busy_slots", "Slots holding a request", m.busy_slots())
+        for h in (m.ttft, m.itl):
+            yield _histogram(h.name, h.help, h)
+        # The same counts under vLLM's names, for dashboards and routers written for vLLM.
+        model = {"model_name": m.model_name}
+        yield _gauge("vllm:num_requests_running", "Requests in the engine's slots", m.busy_slots(), model)
+        yield _gauge("vllm:num_requests_waiting", "Requests waiting for a slot", m.queue_depth(), model)
+        if m.kv_usage is not None:
+            yield _gauge("vllm:kv_cache_usage_perc", KV_USAGE_HELP, m.kv_usage(), model)
+        yield _counter("vllm:prompt_tokens_total", m.prompt_tokens.help, m.prompt_tokens.get(), model)
+        yield _counter("vllm:generation_tokens_total", m.gen_tokens.help, m.gen_tokens.get(), model)
+        success = CounterMetricFamily(
+            "vllm:request_success_total",
+            "Choices that ended normally, by finish reason (stop, length)",
+            labels=["model_name", "finished_reason"],
+        )
+        for reason, n in sorted(m.success.items()):
+            success.add_metric([m.model_name, reason], n)
+        yield success
+        yield _histogram("vllm:time_to_first_token_seconds", m.ttft.help, m.ttft, model)
+        yield _histogram("vllm:inter_token_latency_seconds", m.itl.help, m.itl, model)
+
+
+def _counter(name: str, help: str, value: int, labels: dict[str, str] | None = None) -> Metric:
+    family = CounterMetricFamily(name, help, labels=list(labels or {}))
+    family.add_metric(list((labels or {}).values()), value)
+    return family
+
+
+def _gauge(name: str, help: str, value: float, labels: dict[str, str] | None = None) -> Metric:
+    family = GaugeMetricFamily(name, help, labels=list(labels or {}))
+    family.add_metric(list((labels or {}).values()), value)
+    return family
+
+
+def _histogram(name: str, help: str, h: Histogram, labels: dict[str, str] | None = None) -> Metric:
+    family = HistogramMetricFamily(name, help, labels=list(labels or {}))
+    family.add_metric(list((labels or {}).values()), h.buckets(), sum_value=h.sum)
+    return family
+
+
+def integral_counts(text: str, count_gauges: frozenset[str] = frozenset()) -> str:
+    """The exposition ``text`` with what counts things written as integers: counters,
+    histograms' buckets and counts, and the gauges in ``count_gauges``. prometheus_client
+    writes every value as a float (``3.0``, ``1e+07``)."""
+    out: list[str] = []
+    kind = family = ""
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            family, kind = line.split(" ")[2:4]
+        elif line and not line.startswith("#"):
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            counts = kind == "counter" or family in count_gauges
+            counts |= kind == "histogram" and not name.endswith("_sum")
+            head, value = line.rsplit(" ", 1)
+            number = float(value)
+            if counts and number.is_integer():
+                line = f"{head} {int(number)}"
+        out.append(line)
+    return "\n".join(out) + "\n"

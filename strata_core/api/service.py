@@ -69,6 +69,8 @@ class Service:
             queue_depth=lambda: max(0, self.engine.in_flight - slots),
             busy_slots=lambda: min(self.engine.in_flight, slots),
             cancelled=lambda: self.engine.done_reasons["cancelled"],
+            kv_usage=self.engine.kv_usage,
+            model_name=self.model_id,
         )
 
     async def prepare(self) -> None:
@@ -280,6 +282,7 @@ class Service:
         self.metrics.gen_tokens.inc(usage.completion)
         tail = carry(carried, choice.end())
         finish = "stop" if choice.stopped or ev.reason != "length" else "length"
+        self.metrics.finished(finish)
         tail.tool_calls = choice.tool_calls
         if finish == "stop" and tail.tool_calls:
             finish = "tool_calls"

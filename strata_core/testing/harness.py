@@ -100,13 +100,20 @@ class EngineProcess:
 
 
 class Server:
-    """``strata serve`` in a subprocess on a free loopback port."""
+    """``strata serve`` in a subprocess on a free loopback port; its console goes to ``log``
+    and its engine's log to ``engine_log`` beside it (``engine_log=False``: where the
+    server puts it by default, $STRATA_HOME/logs)."""
 
-    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, args: list[str], log: Path, env: dict[str, str] | None = None, engine_log: bool = True
+    ) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = log
+        self.engine_log = log.with_name(f"{log.stem}.engine.log") if engine_log else None
         cmd = [sys.executable, "-m", "strata_core.cli", "serve", "--port", str(self.port), *args]
+        if self.engine_log is not None:
+            cmd += ["--engine-log", str(self.engine_log)]
         with open(log, "w") as out:
             self.proc = subprocess.Popen(
                 cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
@@ -126,7 +133,8 @@ class Server:
         raise TimeoutError(f"server not ready: {self.log.read_text()[-3000:]}")
 
     def dump_stacks(self) -> None:
-        """Have the server and its engine print every thread's stack to the log (SIGUSR1)."""
+        """Have the server and its engine print every thread's stack (SIGUSR1): the server's
+        to ``log``, the engine's to its own log."""
         pids = [self.proc.pid]
         try:
             pids.append(int(httpx.get(f"{self.base}/v1/strata/backend", timeout=5).json()["engine"]["pid"]))
@@ -138,6 +146,12 @@ class Server:
             except OSError:
                 pass
         time.sleep(1.0)
+
+    def engine_log_tail(self, chars: int = 12000) -> str:
+        """The end of the engine's log, when it has a file of its own here."""
+        if self.engine_log is None or not self.engine_log.exists():
+            return ""
+        return self.engine_log.read_text(errors="replace")[-chars:]
 
     def __enter__(self) -> Server:
         try:
