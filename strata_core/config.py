@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -35,6 +36,12 @@ class ServerConfig(_Section):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     api_key: str | None = None
+    #: Most model engines running at once ([models.NAME] tables): loading another stops the
+    #: one used longest ago that is idle; 0: no limit.
+    max_loaded: int = Field(default=0, ge=0)
+    #: Stop a model's engine after this many seconds without a request (it loads again on
+    #: the next one); 0: never.
+    idle_ttl_s: float = Field(default=0.0, ge=0.0)
 
 
 class EngineConfig(_Section):
@@ -101,14 +108,71 @@ class SpeculativeConfig(_Section):
         return self
 
 
+class ModelConfig(_Section):
+    """One model of a server serving several (``[models.NAME]``; clients name it NAME):
+    its own engine process. A key left out is [engine]'s; ``speculative`` replaces the
+    [speculative] table for this model."""
+
+    path: str = Field(min_length=1)  # a GGUF path, or an alias of the default model
+    backend: str | None = None
+    parallel: int | None = Field(default=None, ge=1, le=256)
+    n_ctx: int | None = Field(default=None, ge=64, le=1 << 20)
+    threads: int | None = Field(default=None, ge=1, le=1024)
+    speculative: SpeculativeConfig | None = None
+    #: false: the engine starts on the model's first request instead of with the server.
+    preload: bool = True
+
+
+class ClusterConfig(_Section):
+    """Serve through Ray Serve replicas (``strata serve --replicas N``; ``pip install
+    'strata[ray]'``), each replica one engine of the same model."""
+
+    #: replicas of the engine; 0: no Ray, the engine runs in the server's process tree.
+    replicas: int = Field(default=0, ge=0, le=1024)
+    #: an existing Ray cluster (``ray://host:10001`` or ``auto``); None: start a local one.
+    address: str | None = None
+    #: autoscale between these many replicas (both set), aiming at this many requests
+    #: in flight per replica.
+    min_replicas: int | None = Field(default=None, ge=0)
+    max_replicas: int | None = Field(default=None, ge=1)
+    target_ongoing_requests: float = Field(default=2.0, gt=0)
+    #: route a request to the replica that served its prompt's prefix (false: least loaded).
+    prefix_routing: bool = True
+    #: CPUs reserved for each replica on the cpu backend (its engine's threads).
+    cpus_per_replica: float = Field(default=1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ClusterConfig:
+        lo, hi = self.min_replicas, self.max_replicas
+        if (lo is None) != (hi is None):
+            raise ValueError("autoscaling needs both min_replicas and max_replicas (or neither)")
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError(f"min_replicas = {lo} is above max_replicas = {hi}")
+        return self
+
+
 class Config(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
+    models: dict[str, ModelConfig] = Field(default_factory=dict)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+
+    def for_model(self, name: str) -> Config:
+        """This configuration as one model's engine sees it: [models.NAME] over [engine]
+        (and over [speculative] when it has its own)."""
+        m = self.models[name]
+        engine = {"model": m.path, "backend": m.backend, "parallel": m.parallel, "n_ctx": m.n_ctx,
+                  "threads": m.threads}  # fmt: skip
+        update = {k: v for k, v in engine.items() if v is not None}
+        out = self.model_copy(update={"engine": self.engine.model_copy(update=update), "models": {}})
+        if m.speculative is not None:
+            out = out.model_copy(update={"speculative": m.speculative})
+        return out
 
 
-SECTIONS = ("server", "engine", "sampling", "speculative")
+SECTIONS = ("server", "engine", "sampling", "speculative", "cluster")
 #: Short environment names from the design, e.g. STRATA_BACKEND=cuda.
 ENV_SHORTHANDS = {"STRATA_BACKEND": ("engine", "backend"), "STRATA_MODEL": ("engine", "model")}
 
@@ -118,13 +182,8 @@ def _describe(err: ValidationError, origin: str) -> str:
     for e in err.errors():
         loc = [str(p) for p in e["loc"]]
         if e["type"] == "extra_forbidden":
-            section = loc[0] if len(loc) > 1 else None
-            known = (
-                Config.model_fields[section].annotation.model_fields  # type: ignore[union-attr]
-                if section in Config.model_fields
-                else Config.model_fields
-            )
-            where = f"[{section}] " if section else ""
+            table, known = _table_at(loc[:-1])
+            where = f"[{table}] " if table else ""
             lines.append(
                 f"{origin}: {where}unknown key {loc[-1]!r} (known: {', '.join(known)})"
             )
@@ -132,6 +191,21 @@ def _describe(err: ValidationError, origin: str) -> str:
             key = ".".join(loc)
             lines.append(f"{origin}: {key} = {e.get('input')!r}: {e['msg']}")
     return "\n".join(lines)
+
+
+def _table_at(path: list[str]) -> tuple[str, list[str]]:
+    """The TOML table at ``path`` (``["models", "big", "speculative"]``) and its keys."""
+    cls: type[BaseModel] = Config
+    parts = iter(path)
+    for part in parts:
+        if cls is Config and part == "models":
+            next(parts, None)  # the model's NAME
+            cls = ModelConfig
+            continue
+        ann = cls.model_fields[part].annotation if part in cls.model_fields else None
+        table = [t for t in (ann, *typing.get_args(ann)) if isinstance(t, type) and issubclass(t, BaseModel)]
+        cls = table[0] if table else cls
+    return ".".join(path), list(cls.model_fields)
 
 
 def _env_layer(env: Mapping[str, str]) -> dict[str, dict[str, str]]:
