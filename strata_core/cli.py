@@ -10,11 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from strata_core import __version__
-from strata_core.backend import Backend
 from strata_core.build import (
     BuildError,
-    EngineBuild,
-    ensure_engine,
     find_engine,
     list_engines,
     strata_home,
@@ -93,15 +90,11 @@ def _config(args: argparse.Namespace) -> Config:
     return load_config(getattr(args, "config", None), overrides=overrides)
 
 
-def _engine_for(cfg: Config) -> tuple[Backend, EngineBuild]:
-    reg = load_registry()
-    backend = select_backend(reg, cfg.engine.backend)
-    return backend, ensure_engine(backend, cfg.engine.llama_cpp, log=lambda m: print(m, file=sys.stderr))
-
-
 def cmd_engine_build(args: argparse.Namespace) -> int:
+    from strata_core.api.launch import engine_for
+
     cfg = _config(args)
-    backend, build = _engine_for(cfg)
+    backend, build = engine_for(cfg)
     print(f"{backend.name} engine: {build.path.parent}")
     return 0
 
@@ -186,56 +179,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from strata_core.api.app import create_app
-    from strata_core.api.service import Service
-    from strata_core.reader import EngineClient, engine_command
+    from strata_core.api.launch import log_for, model_specs
+    from strata_core.api.pool import ModelPool
     from strata_core.sampling import check_defaults
 
     cfg = _config(args)
     check_defaults(cfg.sampling)
-    model = resolve_model(cfg.engine.model)
-    spec = cfg.speculative
-    draft = resolve_model(spec.draft_model) if spec.mode == "draft" and spec.draft_model else None
-    backend, build = _engine_for(cfg)
-    e = cfg.engine
-    defaults = backend.engine_defaults()
-    command = engine_command(
-        str(model.path),
-        site=str(build.path),
-        env=backend.engine_env(e),
-        n_ctx=e.n_ctx,
-        parallel=e.parallel,
-        n_batch=e.n_batch,
-        threads=e.threads,
-        n_gpu_layers=e.n_gpu_layers if e.n_gpu_layers is not None else defaults.n_gpu_layers,
-        flash_attn=e.flash_attn if e.flash_attn is not None else defaults.flash_attn,
-        backend=backend.name,
-        spec_k=spec.k,
-        draft_model=str(draft.path) if draft else None,
-        spec_threshold=spec.threshold,
-        spec_adaptive=spec.adaptive,
-        prompt_cache_mib=e.prompt_cache_mib,
-    )
     host, port = cfg.server.host, cfg.server.port
     log_path = engine_log_path(args, port)
-    service = Service(cfg, model.id, EngineClient(command, log_path))
-    service.backend_info = {
-        "backend": backend.name,
-        "build": {k: build.meta.get(k) for k in ("cmake_args", "llama_cpp_python", "site")},
-        "devices": [vars(d) for d in backend.probe().devices],
-        "engine_log": str(log_path) if log_path else None,
-    }
+    specs = model_specs(cfg, log_for(log_path, cfg.models or [None]))
+    pool = ModelPool(specs, cfg.server.max_loaded, cfg.server.idle_ttl_s)
     console_logging(args.log_level)
-    where = f"; the engine logs to {log_path}" if log_path else ""
-    print(f"Strata: loading {model.id} on {backend.name}{where}", flush=True)
+    for spec in specs:
+        where = f"; the engine logs to {spec.log_path}" if spec.log_path else ""
+        when = "" if spec.preload else " (on its first request)"
+        print(f"Strata: loading {spec.name} on {spec.backend.name}{when}{where}", flush=True)
 
     async def announce() -> None:
-        print(
-            f"Strata serving {model.id} on http://{host}:{port}/v1 "
-            f"(backend {backend.name}, model file {model.path})",
-            flush=True,
-        )
+        for spec in specs:
+            print(
+                f"Strata serving {spec.name} on http://{host}:{port}/v1 "
+                f"(backend {spec.backend.name}, model file {spec.path})",
+                flush=True,
+            )
 
-    app = create_app(service, on_ready=announce)
+    app = create_app(pool, on_ready=announce)
     # `kill -USR1` on the server prints every thread's stack to the console (the engine's
     # go to its log): what a hung request waits on, without a debugger (README, "Logs and metrics")
     faulthandler.register(signal.SIGUSR1, all_threads=True)

@@ -1,4 +1,4 @@
-"""The FastAPI app: one Service, the routes of each API family, and what every route
+"""The FastAPI app: the served models (a ModelPool of Services), the routes of each API family, and what every route
 shares (start-up, the API key, OpenAI-shaped errors, health and metrics)."""
 
 from __future__ import annotations
@@ -11,33 +11,36 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from strata_core.api import completions
-from strata_core.api.service import Service
+from strata_core.api.pool import ModelPool
 from strata_core.errors import ApiError
 
 
-def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
+def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
+    config = pool.models[pool.default].spec.config
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await service.engine.start()
-        if not service.engine.ready.is_set():
-            raise RuntimeError(service.engine.start_error or "the engine did not start")
-        await service.prepare()
+        try:
+            await pool.start()
+        except ApiError as exc:
+            await pool.close()
+            raise RuntimeError(exc.message) from None
         if on_ready is not None:
             await on_ready()
         yield
-        await service.engine.close()
+        await pool.close()
 
     async def auth(request: Request) -> None:
         # A dependency, not a middleware: an HTTP middleware would wrap every streamed
         # chunk in an extra task hand-off.
-        key = service.config.server.api_key
+        key = config.server.api_key
         if key and request.url.path.startswith("/v1/"):
             if request.headers.get("authorization") != f"Bearer {key}":
                 raise ApiError(401, "invalid or missing API key", code="invalid_api_key",
                                type="authentication_error")  # fmt: skip
 
     app = FastAPI(title="Strata", lifespan=lifespan, dependencies=[Depends(auth)])
-    app.state.service = service
+    app.state.pool = pool
     app.include_router(completions.router)
 
     @app.exception_handler(ApiError)
@@ -46,24 +49,35 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [{"id": service.model_id, "object": "model", "created": 0, "owned_by": "strata"}],
-        }
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": "strata"} for name in pool.names()]
+        return {"object": "list", "data": data}
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        if service.engine.ready.is_set():
+        """ok when the engine of every loaded model is ready (the server answers only once
+        the models that load with it are loaded)."""
+        if all(s.engine.ready.is_set() for s in pool.loaded()):
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "starting"}, status_code=503)
 
     @app.get("/metrics")
-    async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(service.metrics.render(), media_type="text/plain; version=0.0.4")
+    async def metrics(model: str | None = None) -> PlainTextResponse:
+        """The first model's series, or ``?model=NAME``'s (an unloaded model has none)."""
+        service = pool.entry(model).service
+        text = service.metrics.render() if service is not None else ""
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/strata/backend")
-    async def backend() -> dict[str, Any]:
-        info = {k: v for k, v in service.engine.info.items() if k not in {"eog", "chat_template"}}
-        return {**service.backend_info, "engine": info, "restarts": service.engine.restarts}
+    async def backend(model: str | None = None) -> dict[str, Any]:
+        """The first model's backend, engine and restarts (or ``?model=NAME``'s), and
+        every model's backend and whether it is loaded."""
+        entry = pool.entry(model)
+        service = entry.service
+        engine = service.engine if service is not None else None
+        info = {k: v for k, v in (engine.info if engine else {}).items() if k not in {"eog", "chat_template"}}
+        every = {m.spec.name: {"backend": m.spec.backend.name, "loaded": m.service is not None}
+                 for m in pool.models.values()}  # fmt: skip
+        return {**entry.spec.info(), "engine": info, "restarts": engine.restarts if engine else 0,
+                "models": every}  # fmt: skip
 
     return app

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from strata_core.api import bodies
-from strata_core.api.service import Service, engine_unavailable, json_body, service_of
+from strata_core.api.service import Service, engine_unavailable, json_body, service_for
 from strata_core.api.stream import Collected, collect, sse_stream
 from strata_core.errors import ApiError
 from strata_core.reader import EngineUnavailable, Usage
@@ -29,8 +29,8 @@ router = APIRouter()
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
-    service = service_of(request)
     req = parse_request(ChatRequest, await json_body(request))
+    service = await service_for(request, req.model)
     service.ready()
     prompt, shape = await service.chat_prompt(req)
     grammar = service.tool_grammar(req)
@@ -39,8 +39,8 @@ async def chat_completions(request: Request) -> Response:
 
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
-    service = service_of(request)
     req = parse_request(CompletionRequest, await json_body(request))
+    service = await service_for(request, req.model)
     service.ready()
     p = req.prompt
     texts: list[str] | None = None
@@ -75,7 +75,6 @@ async def respond(
     """Run every choice of ``req`` (``n`` per prompt) and answer: a chat when ``shape``
     is given (``param`` is ``messages``), else a completion."""
     chat = isinstance(req, ChatRequest)
-    service.check_model(req.model)
     constraint = constraint_for(req.response_format)
     if constraint is not None and grammar is None:  # a forced tool call's grammar goes first
         grammar = constraint.gen_value()

@@ -17,7 +17,6 @@ from strata_core import protocol as proto
 from strata_core.api.metrics import Metrics
 from strata_core.config import Config
 from strata_core.errors import ApiError
-from strata_core.models import ALIASES
 from strata_core.options import GenOptions, OptionError
 from strata_core.reader import (
     EngineClient,
@@ -36,9 +35,10 @@ from strata_core.text.reasoning import prompt_opens_think
 from strata_core.text.tools import call_grammar
 
 
-def service_of(request: Request) -> Service:
-    """The app's Service (create_app puts it in the app's state)."""
-    return request.app.state.service  # type: ignore[no-any-return]
+async def service_for(request: Request, model: str | None) -> Service:
+    """The Service of the model a request names (loaded now if it is not), from the app's
+    ModelPool (create_app puts it in the app's state); 404 for a model not served."""
+    return await request.app.state.pool.service(model)  # type: ignore[no-any-return]
 
 
 async def json_body(request: Request) -> Any:
@@ -99,15 +99,6 @@ class Service:
         if not self.engine.ready.is_set():
             raise ApiError(503, "the engine is starting; try again shortly", type="server_error",
                            code="engine_unavailable")  # fmt: skip
-
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model not in {self.model_id, *ALIASES}:
-            raise ApiError(
-                404,
-                f"the model {model!r} does not exist; this server serves {self.model_id!r}",
-                param="model",
-                code="model_not_found",
-            )
 
     def check_token_ids(self, ids: list[int], param: str) -> None:
         bad = [t for t in ids if t >= self.n_vocab]

@@ -1,0 +1,109 @@
+"""From configuration to engines: each model the server serves, with the name clients
+use, its own configuration, backend, engine build and engine command. A ModelSpec makes
+a fresh Service (its engine not started yet) each time the model is loaded."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from strata_core.api.service import Service
+from strata_core.backend import Backend
+from strata_core.build import EngineBuild, ensure_engine
+from strata_core.config import Config
+from strata_core.models import ALIASES, resolve_model
+from strata_core.plugins import load_registry, select_backend
+from strata_core.reader import EngineClient, EngineCommand, engine_command
+
+
+def engine_for(cfg: Config) -> tuple[Backend, EngineBuild]:
+    """The backend [engine] names and its engine build (built now if needed)."""
+    backend = select_backend(load_registry(), cfg.engine.backend)
+    return backend, ensure_engine(backend, cfg.engine.llama_cpp, log=lambda m: print(m, file=sys.stderr))
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One served model: ``name`` is what clients send as ``model`` (``aliases`` too)."""
+
+    name: str
+    config: Config
+    path: Path
+    backend: Backend
+    build: EngineBuild
+    command: EngineCommand
+    log_path: Path | None
+    preload: bool = True
+    aliases: frozenset[str] = field(default_factory=frozenset)
+
+    def service(self) -> Service:
+        """A new Service over a new (not yet started) engine client."""
+        service = Service(self.config, self.name, EngineClient(self.command, self.log_path))
+        service.backend_info = self.info()
+        return service
+
+    def info(self) -> dict[str, Any]:
+        build = self.build.meta
+        return {
+            "backend": self.backend.name,
+            "build": {k: build.get(k) for k in ("cmake_args", "llama_cpp_python", "site")},
+            "devices": [vars(d) for d in self.backend.probe().devices],
+            "engine_log": str(self.log_path) if self.log_path else None,
+            "model_file": str(self.path),
+        }
+
+
+def model_spec(cfg: Config, name: str | None, log_path: Path | None, preload: bool = True) -> ModelSpec:
+    """The spec of the model [engine] describes (named ``name``, or after its file)."""
+    model = resolve_model(cfg.engine.model)
+    spec = cfg.speculative
+    draft = resolve_model(spec.draft_model) if spec.mode == "draft" and spec.draft_model else None
+    backend, build = engine_for(cfg)
+    e = cfg.engine
+    defaults = backend.engine_defaults()
+    command = engine_command(
+        str(model.path),
+        site=str(build.path),
+        env=backend.engine_env(e),
+        n_ctx=e.n_ctx,
+        parallel=e.parallel,
+        n_batch=e.n_batch,
+        threads=e.threads,
+        n_gpu_layers=e.n_gpu_layers if e.n_gpu_layers is not None else defaults.n_gpu_layers,
+        flash_attn=e.flash_attn if e.flash_attn is not None else defaults.flash_attn,
+        backend=backend.name,
+        spec_k=spec.k,
+        draft_model=str(draft.path) if draft else None,
+        spec_threshold=spec.threshold,
+        spec_adaptive=spec.adaptive,
+        prompt_cache_mib=e.prompt_cache_mib,
+    )
+    aliases = frozenset(ALIASES) if name is None and model.id.lower() in ALIASES else frozenset()
+    return ModelSpec(name or model.id, cfg, model.path, backend, build, command, log_path, preload, aliases)
+
+
+def model_specs(cfg: Config, log_path: Callable[[str | None], Path | None]) -> list[ModelSpec]:
+    """Every model ``cfg`` serves: its [models.NAME] tables in order, or else the one
+    model of [engine]. ``log_path(name)``: where that model's engine logs (name None:
+    the only model)."""
+    if not cfg.models:
+        return [model_spec(cfg, None, log_path(None))]
+    return [
+        model_spec(cfg.for_model(name), name, log_path(name), m.preload) for name, m in cfg.models.items()
+    ]
+
+
+def log_for(base: Path | None, names: Iterable[str | None]) -> Callable[[str | None], Path | None]:
+    """Engine log paths: ``base`` for the only model, ``<stem>-<name><suffix>`` beside it
+    for each of several."""
+    several = len(list(names)) > 1
+
+    def path(name: str | None) -> Path | None:
+        if base is None or name is None or not several:
+            return base
+        return base.with_name(f"{base.stem}-{name}{base.suffix}")
+
+    return path
