@@ -136,8 +136,10 @@ class ClusterConfig(_Section):
     min_replicas: int | None = Field(default=None, ge=0)
     max_replicas: int | None = Field(default=None, ge=1)
     target_ongoing_requests: float = Field(default=2.0, gt=0)
-    #: route a request to the replica that served its prompt's prefix (false: least loaded).
-    prefix_routing: bool = True
+    #: how a request picks its replica: ``prefix`` (the replica that served its prompt's
+    #: leading text, unless that one is busy), ``least_loaded`` (Ray Serve's default: the
+    #: less loaded of two), ``random`` (a baseline for benchmarks).
+    routing: Literal["prefix", "least_loaded", "random"] = "prefix"
     #: CPUs reserved for each replica on the cpu backend (its engine's threads).
     cpus_per_replica: float = Field(default=1.0, gt=0)
 

@@ -154,6 +154,11 @@ class EngineClient:
         self._task = asyncio.create_task(self._supervise())
         await self._started.wait()
 
+    @property
+    def supervised(self) -> bool:
+        """Whether the supervisor (which restarts the engine when it exits) is running."""
+        return self._task is not None and not self._task.done()
+
     async def wait_ready(self) -> None:
         await self.ready.wait()
 

@@ -77,7 +77,9 @@ def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None =
         info = {k: v for k, v in (engine.info if engine else {}).items() if k not in {"eog", "chat_template"}}
         every = {m.spec.name: {"backend": m.spec.backend.name, "loaded": m.service is not None}
                  for m in pool.models.values()}  # fmt: skip
+        # a Ray Serve replica says which one it is (strata_core/scale/replica.py)
+        replica = {"replica": app.state.replica} if hasattr(app.state, "replica") else {}
         return {**entry.spec.info(), "engine": info, "restarts": engine.restarts if engine else 0,
-                "models": every}  # fmt: skip
+                "models": every, **replica}  # fmt: skip
 
     return app
