@@ -82,6 +82,7 @@ def _config(args: argparse.Namespace) -> Config:
             "n_ctx": getattr(args, "n_ctx", None),
         },
         "server": {"host": getattr(args, "host", None), "port": getattr(args, "port", None)},
+        "cluster": {"replicas": getattr(args, "replicas", None)},
         "speculative": {
             "draft_model": getattr(args, "draft_model", None),
             "mode": "draft" if getattr(args, "draft_model", None) else None,
@@ -187,6 +188,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_defaults(cfg.sampling)
     host, port = cfg.server.host, cfg.server.port
     log_path = engine_log_path(args, port)
+    if cfg.cluster.replicas:
+        from strata_core.scale.serve import serve_cluster
+
+        console_logging(args.log_level)
+        return serve_cluster(cfg, args.log_level, log_path)
     specs = model_specs(cfg, log_for(log_path, cfg.models or [None]))
     pool = ModelPool(specs, cfg.server.max_loaded, cfg.server.idle_ttl_s)
     console_logging(args.log_level)
@@ -242,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parallel", type=int, help="parallel slots")
     p.add_argument("--n-ctx", type=int, help="context per slot")
     p.add_argument("--draft-model", help='speculate with this draft GGUF (sets [speculative] mode = "draft")')
+    p.add_argument("--replicas", type=int,
+                   help="serve through this many Ray Serve replicas, one engine each (needs "
+                        "strata[ray]; sets [cluster] replicas)")  # fmt: skip
     p.add_argument("--log-level", default="warning", choices=LOG_LEVELS,
                    help="what the console shows (default warning); debug and trace also show the "
                         "engine's log (llama.cpp)")  # fmt: skip

@@ -1,0 +1,116 @@
+"""The front server of a Ray Serve deployment: Strata's routes, each request forwarded
+whole to a replica (picked by the router from the request's routing key) and its response
+relayed as it comes. A request is tried again on another replica while nothing of its
+response has reached the client: when its replica dies first, or answers 503 (its engine
+is restarting). Once a stream has begun, a replica's death ends it with an error event."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Protocol
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from strata_core.errors import ApiError
+from strata_core.scale.prefix import routing_key
+
+log = logging.getLogger("strata.front")
+
+#: Tries of one request (on different replicas) before its error goes to the client.
+ATTEMPTS = 4
+
+#: Headers of a replica's response not relayed (the front's server sets its own).
+HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "date", "server"}
+
+
+class Replicas(Protocol):
+    """What the front needs of the deployment: one request in, its parts out."""
+
+    def __call__(self, req: dict[str, Any]) -> AsyncIterator[dict[str, Any] | bytes]: ...
+
+
+def unavailable(why: str) -> ApiError:
+    return ApiError(503, f"no replica could serve the request: {why}", type="server_error",
+                    code="engine_unavailable")  # fmt: skip
+
+
+def sse_error(err: ApiError) -> bytes:
+    return f"data: {json.dumps(err.body())}\n\ndata: [DONE]\n\n".encode()
+
+
+async def first_part(parts: AsyncIterator[dict[str, Any] | bytes]) -> tuple[dict[str, Any], bytes | None]:
+    """The response's status and headers, and its first chunk (None: it has no body)."""
+    head = await anext(parts)
+    assert isinstance(head, dict), "a replica answers with its status first"
+    chunk = await anext(parts, None)
+    assert not isinstance(chunk, dict)
+    return head, chunk
+
+
+async def relay(
+    parts: AsyncIterator[dict[str, Any] | bytes], chunk: bytes | None, sse: bool
+) -> AsyncIterator[bytes]:
+    if chunk is not None:
+        yield chunk
+    try:
+        async for part in parts:
+            assert isinstance(part, bytes)
+            yield part
+    except Exception as exc:  # the replica died mid-response
+        log.warning("a replica failed while streaming: %s", exc)
+        if sse:
+            yield sse_error(ApiError(503, f"the replica serving this stream failed: {exc}",
+                                     type="server_error", code="engine_unavailable"))  # fmt: skip
+
+
+def create_front(replicas: Replicas, on_ready: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if on_ready is not None:
+            await on_ready()
+        yield
+
+    app = FastAPI(title="Strata (Ray Serve front)", lifespan=lifespan)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.api_route("/{path:path}", methods=["GET", "POST", "DELETE"])
+    async def forward(request: Request, path: str) -> Response:
+        body = await request.body()
+        req: dict[str, Any] = {
+            "method": request.method, "path": request.url.path, "query": request.url.query,
+            "headers": [(k, v) for k, v in request.headers.items() if k.lower() != "host"],
+            "body": body, "key": routing_key(request.url.path, body) if body else None, "avoid": [],
+        }  # fmt: skip
+        why = "no attempt"
+        for attempt in range(ATTEMPTS):
+            parts = replicas(req)
+            try:
+                head, chunk = await first_part(parts)
+            except (StopAsyncIteration, AssertionError) as exc:
+                why = f"a replica sent no response ({exc})"
+                continue
+            except Exception as exc:  # the replica died before answering: try another
+                why = str(exc) or type(exc).__name__
+                log.warning("attempt %d: a replica failed before answering: %s", attempt + 1, why)
+                await asyncio.sleep(0.2 * attempt)
+                continue
+            headers = {k: v for k, v in head["headers"] if k.lower() not in HOP_HEADERS}
+            replica = headers.get("x-strata-replica")
+            if head["status"] == 503 and replica and attempt + 1 < ATTEMPTS:
+                req["avoid"].append(replica)  # its engine is (re)starting: another one
+                await parts.aclose()  # type: ignore[attr-defined]
+                why = (chunk or b"").decode(errors="replace")
+                continue
+            sse = headers.get("content-type", "").startswith("text/event-stream")
+            return StreamingResponse(relay(parts, chunk, sse), status_code=head["status"], headers=headers)
+        raise unavailable(why)
+
+    return app

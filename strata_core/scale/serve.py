@@ -1,0 +1,126 @@
+"""``strata serve --replicas N``: a Ray cluster (an existing one, or a local one started
+here), a Ray Serve deployment of ``StrataReplica`` with Strata's router, and the front
+server (front.py) on the configured host and port."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from strata_core.api.launch import engine_for
+from strata_core.config import Config
+from strata_core.models import resolve_model
+
+log = logging.getLogger("strata.scale")
+
+APP_NAME = "strata"
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+        from ray import serve
+    except ImportError:
+        raise ValueError("--replicas needs Ray Serve: pip install 'strata[ray]' (or set [cluster] "
+                         "replicas = 0 to serve without Ray)") from None  # fmt: skip
+    return ray, serve
+
+
+def actor_options(cfg: Config, backend: str) -> dict[str, Any]:
+    """A replica's resources: one GPU on a GPU backend, else its CPUs (and as many
+    engine threads, unless [engine] threads says otherwise)."""
+    if backend == "cpu":
+        return {"num_cpus": cfg.cluster.cpus_per_replica}
+    return {"num_cpus": 0, "num_gpus": 1}
+
+
+def deployment_options(cfg: Config, backend: str) -> dict[str, Any]:
+    from ray.serve.config import RequestRouterConfig
+
+    from strata_core.scale.router import StrataRouter
+
+    c = cfg.cluster
+    opts: dict[str, Any] = {
+        "name": "StrataReplica",
+        "ray_actor_options": actor_options(cfg, backend),
+        # a replica queues beyond its engine's slots itself (continuous batching)
+        "max_ongoing_requests": max(4 * cfg.engine.parallel, 16),
+        "health_check_period_s": 2,
+        "health_check_timeout_s": 30,
+        "graceful_shutdown_timeout_s": 5,
+    }
+    if c.routing != "least_loaded":
+        opts["request_router_config"] = RequestRouterConfig(
+            request_router_class=StrataRouter,  # type: ignore[arg-type]
+            request_router_kwargs={"policy": c.routing, "busy": cfg.engine.parallel},
+        )
+    if c.min_replicas is not None:
+        opts["autoscaling_config"] = {
+            "min_replicas": c.min_replicas, "max_replicas": c.max_replicas,
+            "target_ongoing_requests": c.target_ongoing_requests,
+        }  # fmt: skip
+    else:
+        opts["num_replicas"] = c.replicas
+    return opts
+
+
+def replica_config(cfg: Config, backend: str) -> Config:
+    """The replicas' configuration: on the cpu backend an engine runs as many threads as
+    its replica has CPUs, so replicas on one host do not fight over cores."""
+    if backend == "cpu" and cfg.engine.threads is None:
+        threads = max(1, int(cfg.cluster.cpus_per_replica))
+        return cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"threads": threads})})
+    return cfg
+
+
+def serve_cluster(cfg: Config, log_level: str, engine_log: Path | None) -> int:
+    import uvicorn
+
+    from strata_core.scale.front import create_front
+    from strata_core.scale.replica import StrataReplica
+
+    ray, serve = import_ray()
+    if cfg.models:
+        raise ValueError("[cluster] replicas serve the one model of [engine]; [models.NAME] tables "
+                         "are not supported with replicas yet (remove them or set replicas = 0)")  # fmt: skip
+    model = resolve_model(cfg.engine.model)
+    backend, _ = engine_for(cfg)  # build the engine once here, before the replicas need it
+    cfg = replica_config(cfg, backend.name)
+    c = cfg.cluster
+    print(f"Strata: starting {'a local Ray cluster' if c.address is None else 'Ray at ' + c.address}",
+          flush=True)  # fmt: skip
+    ray.init(address=c.address, include_dashboard=False, logging_level=logging.WARNING,
+             **({} if c.address else {"object_store_memory": 256 << 20}))  # fmt: skip
+    serve.start(http_options={"location": "NoServer"})
+    deployment = serve.deployment(StrataReplica).options(**deployment_options(cfg, backend.name))
+    print(f"Strata: starting {c.replicas} replicas of {model.id} on {backend.name}", flush=True)
+    handle = serve.run(
+        deployment.bind(cfg.model_dump_json(), str(engine_log) if engine_log else None, log_level),
+        name=APP_NAME, route_prefix=None,
+    )  # fmt: skip
+    streaming = handle.options(stream=True)
+
+    async def replicas(req: dict[str, Any]) -> AsyncIterator[dict[str, Any] | bytes]:
+        gen = streaming.remote(req)
+        try:
+            async for part in gen:
+                yield part
+        finally:
+            gen.cancel()
+
+    host, port = cfg.server.host, cfg.server.port
+
+    async def announce() -> None:
+        print(f"Strata serving {model.id} on http://{host}:{port}/v1 ({c.replicas} Ray Serve replicas, "
+              f"backend {backend.name}, routing {c.routing})", flush=True)  # fmt: skip
+
+    app = create_front(replicas, on_ready=announce)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level=log_level)
+    finally:
+        if c.address is not None:  # someone else's cluster: take only our application down
+            serve.delete(APP_NAME)
+        ray.shutdown()  # a local cluster stops with its driver, replicas and engines included
+    return 0
