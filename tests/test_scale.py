@@ -14,11 +14,11 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+import ray.serve  # noqa: F401  (the test extra installs Ray: without it this file fails, never skips)
 
 from strata_core.build import EngineBuild
 from strata_core.testing.harness import Server
 
-pytest.importorskip("ray.serve")
 pytestmark = pytest.mark.slow
 
 CHAT = [{"role": "user", "content": "Count from 1 to 50, separated by commas."}]
