@@ -19,7 +19,7 @@ from strata_core.build import (
     list_engines,
     strata_home,
 )
-from strata_core.config import Config, ConfigError, load_config
+from strata_core.config import Config, ConfigError, EngineConfig, check_split, load_config
 from strata_core.models import ModelError, resolve_model
 from strata_core.plugins import BackendError, Registry, load_registry, select_backend
 
@@ -93,9 +93,18 @@ def _config(args: argparse.Namespace) -> Config:
     return load_config(getattr(args, "config", None), overrides=overrides)
 
 
+def _offload(e: EngineConfig, backend: Backend) -> tuple[int, bool]:
+    """The engine's n_gpu_layers and flash attention: the configuration's, else the backend's."""
+    d = backend.engine_defaults()
+    return (d.n_gpu_layers if e.n_gpu_layers is None else e.n_gpu_layers,
+            d.flash_attn if e.flash_attn is None else e.flash_attn)  # fmt: skip
+
+
 def _engine_for(cfg: Config) -> tuple[Backend, EngineBuild]:
     reg = load_registry()
     backend = select_backend(reg, cfg.engine.backend)
+    n_gpu_layers, flash_attn = _offload(cfg.engine, backend)
+    check_split(cfg.engine.split_mode, flash_attn, n_gpu_layers)  # before a build that may take minutes
     return backend, ensure_engine(backend, cfg.engine.llama_cpp, log=lambda m: print(m, file=sys.stderr))
 
 
@@ -197,7 +206,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     draft = resolve_model(spec.draft_model) if spec.mode == "draft" and spec.draft_model else None
     backend, build = _engine_for(cfg)
     e = cfg.engine
-    defaults = backend.engine_defaults()
+    n_gpu_layers, flash_attn = _offload(e, backend)
     command = engine_command(
         str(model.path),
         site=str(build.path),
@@ -206,14 +215,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         parallel=e.parallel,
         n_batch=e.n_batch,
         threads=e.threads,
-        n_gpu_layers=e.n_gpu_layers if e.n_gpu_layers is not None else defaults.n_gpu_layers,
-        flash_attn=e.flash_attn if e.flash_attn is not None else defaults.flash_attn,
+        n_gpu_layers=n_gpu_layers,
+        flash_attn=flash_attn,
         backend=backend.name,
         spec_k=spec.k,
         draft_model=str(draft.path) if draft else None,
         spec_threshold=spec.threshold,
         spec_adaptive=spec.adaptive,
         prompt_cache_mib=e.prompt_cache_mib,
+        split_mode=e.split_mode,
+        tensor_split=e.tensor_split,
+        main_gpu=e.main_gpu,
     )
     host, port = cfg.server.host, cfg.server.port
     log_path = engine_log_path(args, port)
