@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from strata_core.requests import MinP, Penalty, RepetitionPenalty, Temperature, TopP
 
@@ -30,6 +30,11 @@ class ConfigError(ValueError):
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+#: Most GPUs one model may use (llama.cpp's ``llama_max_devices()``).
+MAX_DEVICES = 16
+SPLIT_MODES = ("none", "layer", "tensor")
 
 
 class ServerConfig(_Section):
@@ -54,12 +59,65 @@ class EngineConfig(_Section):
     n_gpu_layers: int | None = Field(default=None, ge=-1)
     flash_attn: bool | None = None
     devices: str | None = None
+    #: How one model spreads over several GPUs (llama.cpp's ``--split-mode``): "none" (all
+    #: on ``main_gpu``), "layer" (whole layers and their KV per GPU, in turn), "tensor" (each
+    #: layer's weights and KV split across the GPUs, computed in parallel).
+    split_mode: Literal["none", "layer", "tensor"] = "layer"
+    #: The share of the model each GPU takes, in device order (llama.cpp's ``--tensor-split``,
+    #: e.g. [3, 1]); unset: in proportion to each GPU's free memory.
+    tensor_split: list[float] | None = None
+    #: The GPU holding the whole model with split_mode "none" (an index among the visible ones).
+    main_gpu: int = Field(default=0, ge=0, lt=MAX_DEVICES)
     #: Host memory (MiB) for slot caches saved when their slot moves on to another prompt,
     #: so a later request sharing their prefix loads them instead of prefilling; 0: none.
     prompt_cache_mib: int = Field(default=256, ge=0)
     #: Use this llama-cpp-python instead of building one: a directory holding the
     #: ``llama_cpp`` package, or a wheel file.
     llama_cpp: str | None = None
+
+    @field_validator("split_mode", mode="before")
+    @classmethod
+    def _row_is_superseded(cls, value: Any) -> Any:
+        if value == "row":
+            raise ValueError(
+                '"row" is superseded by "tensor" in this llama.cpp (each layer split across the '
+                'GPUs, in parallel): use split_mode = "tensor", or "layer"'
+            )
+        return value
+
+    @field_validator("tensor_split", mode="before")
+    @classmethod
+    def _split_list(cls, value: Any) -> Any:
+        if isinstance(value, str):  # STRATA_ENGINE_TENSOR_SPLIT="3,1", like --tensor-split
+            return [v for v in value.replace("/", ",").split(",") if v.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _split_fits(self) -> EngineConfig:
+        split = self.tensor_split
+        if split is not None:
+            if not split or len(split) > MAX_DEVICES:
+                raise ValueError(f"tensor_split = {split}: expected 1 to {MAX_DEVICES} proportions, one per GPU")
+            if any(not 0.0 <= x < float("inf") for x in split) or not any(split):
+                raise ValueError(f"tensor_split = {split}: expected proportions >= 0, at least one above 0")
+            if self.split_mode == "none":
+                raise ValueError(
+                    f'tensor_split = {split} has no effect with split_mode = "none" (the model stays on '
+                    'main_gpu): drop tensor_split, or set split_mode = "layer" or "tensor"'
+                )
+        if self.main_gpu and self.split_mode != "none":
+            raise ValueError(
+                f'main_gpu = {self.main_gpu} acts only with split_mode = "none" (split_mode is '
+                f'"{self.split_mode}", which uses every visible GPU): drop main_gpu, or set split_mode = "none"'
+            )
+        n = len([d for d in (self.devices or "").split(",") if d.strip()])
+        if n and split is not None and len(split) != n:
+            raise ValueError(f"tensor_split = {split} has {len(split)} proportions for devices = {self.devices!r} "
+                             f"({n} GPUs): give one per device")  # fmt: skip
+        if n and self.main_gpu >= n:
+            raise ValueError(f"main_gpu = {self.main_gpu} is not among devices = {self.devices!r}: "
+                             f"expected an index in 0..{n - 1} (of the devices listed, in their order)")  # fmt: skip
+        return self
 
 
 class SamplingConfig(_Section):
@@ -174,6 +232,31 @@ class Config(_Section):
         return out
 
 
+def check_split(split_mode: str, flash_attn: bool | None, n_gpu_layers: int) -> None:
+    """Refuse at start what llama.cpp refuses for ``split_mode``, given the flash attention
+    and offload the engine gets (the configuration's, or the backend's defaults). The KV
+    cache is always f16 (no key quantizes it), as tensor mode needs."""
+    if split_mode != "tensor":
+        return
+    if flash_attn is False:
+        raise ConfigError(
+            '[engine] split_mode = "tensor" needs flash attention, which is off (flash_attn, or the '
+            'backend\'s default): set flash_attn = true, or split_mode = "layer"'
+        )
+    if n_gpu_layers == 0:
+        raise ConfigError(
+            '[engine] split_mode = "tensor" splits the layers on the GPUs, and n_gpu_layers = 0 (or the '
+            'backend\'s default) puts none there: use a GPU backend, or split_mode = "layer"'
+        )
+
+
+def split_settings(split_mode: str, tensor_split: list[float] | None, main_gpu: int) -> EngineConfig:
+    """The split keys under the configuration's rules, for an engine that any client may
+    start (ConfigError naming the key)."""
+    keys = {"split_mode": split_mode, "tensor_split": tensor_split, "main_gpu": main_gpu}
+    return _validate({"engine": keys}, "engine options").engine
+
+
 SECTIONS = ("server", "engine", "sampling", "speculative", "cluster")
 #: Short environment names from the design, e.g. STRATA_BACKEND=cuda.
 ENV_SHORTHANDS = {"STRATA_BACKEND": ("engine", "backend"), "STRATA_MODEL": ("engine", "model")}
@@ -189,9 +272,13 @@ def _describe(err: ValidationError, origin: str) -> str:
             lines.append(
                 f"{origin}: {where}unknown key {loc[-1]!r} (known: {', '.join(known)})"
             )
+        elif e["type"] == "value_error" and isinstance(e.get("input"), Mapping):
+            # a rule across a section's keys: its message names them
+            where = f"[{loc[0]}] " if loc else ""
+            lines.append(f"{origin}: {where}{e['msg'].removeprefix('Value error, ')}")
         else:
             key = ".".join(loc)
-            lines.append(f"{origin}: {key} = {e.get('input')!r}: {e['msg']}")
+            lines.append(f"{origin}: {key} = {e.get('input')!r}: {e['msg'].removeprefix('Value error, ')}")
     return "\n".join(lines)
 
 

@@ -403,6 +403,9 @@ def engine_command(
     spec_threshold: float = SpeculativeConfig().threshold,
     spec_adaptive: bool = SpeculativeConfig().adaptive,
     prompt_cache_mib: int = EngineConfig().prompt_cache_mib,
+    split_mode: str = EngineConfig().split_mode,
+    tensor_split: Sequence[float] | None = None,
+    main_gpu: int = EngineConfig().main_gpu,
 ) -> EngineCommand:
     """The argv and environment that run the engine on a backend's build at ``site``
     (what is not given: the configuration's defaults)."""
@@ -417,6 +420,9 @@ def engine_command(
     argv += ["--flash-attn", {True: "on", False: "off", None: "auto"}[flash_attn]]
     if threads:
         argv += ["--threads", str(threads)]
+    argv += ["--split-mode", split_mode, "--main-gpu", str(main_gpu)]
+    if tensor_split:
+        argv += ["--tensor-split", ",".join(repr(float(x)) for x in tensor_split)]
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     path = os.pathsep.join(p for p in (site, here, os.environ.get("PYTHONPATH", "")) if p)
     full_env = dict(env)

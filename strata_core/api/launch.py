@@ -13,15 +13,26 @@ from typing import Any
 from strata_core.api.service import Service
 from strata_core.backend import Backend
 from strata_core.build import EngineBuild, ensure_engine
-from strata_core.config import Config
+from strata_core.config import Config, EngineConfig, check_split
 from strata_core.models import ALIASES, resolve_model
 from strata_core.plugins import load_registry, select_backend
 from strata_core.reader import EngineClient, EngineCommand, engine_command
 
 
+def offload(e: EngineConfig, backend: Backend) -> tuple[int, bool]:
+    """The engine's n_gpu_layers and flash attention: the configuration's, else the backend's."""
+    d = backend.engine_defaults()
+    return (d.n_gpu_layers if e.n_gpu_layers is None else e.n_gpu_layers,
+            d.flash_attn if e.flash_attn is None else e.flash_attn)  # fmt: skip
+
+
 def engine_for(cfg: Config) -> tuple[Backend, EngineBuild]:
-    """The backend [engine] names and its engine build (built now if needed)."""
+    """The backend [engine] names and its engine build (built now if needed), after the
+    checks that need the backend (a split llama.cpp refuses), before a build that may take
+    minutes."""
     backend = select_backend(load_registry(), cfg.engine.backend)
+    n_gpu_layers, flash_attn = offload(cfg.engine, backend)
+    check_split(cfg.engine.split_mode, flash_attn, n_gpu_layers)
     return backend, ensure_engine(backend, cfg.engine.llama_cpp, log=lambda m: print(m, file=sys.stderr))
 
 
@@ -63,7 +74,7 @@ def model_spec(cfg: Config, name: str | None, log_path: Path | None, preload: bo
     draft = resolve_model(spec.draft_model) if spec.mode == "draft" and spec.draft_model else None
     backend, build = engine_for(cfg)
     e = cfg.engine
-    defaults = backend.engine_defaults()
+    n_gpu_layers, flash_attn = offload(e, backend)
     command = engine_command(
         str(model.path),
         site=str(build.path),
@@ -72,14 +83,17 @@ def model_spec(cfg: Config, name: str | None, log_path: Path | None, preload: bo
         parallel=e.parallel,
         n_batch=e.n_batch,
         threads=e.threads,
-        n_gpu_layers=e.n_gpu_layers if e.n_gpu_layers is not None else defaults.n_gpu_layers,
-        flash_attn=e.flash_attn if e.flash_attn is not None else defaults.flash_attn,
+        n_gpu_layers=n_gpu_layers,
+        flash_attn=flash_attn,
         backend=backend.name,
         spec_k=spec.k,
         draft_model=str(draft.path) if draft else None,
         spec_threshold=spec.threshold,
         spec_adaptive=spec.adaptive,
         prompt_cache_mib=e.prompt_cache_mib,
+        split_mode=e.split_mode,
+        tensor_split=e.tensor_split,
+        main_gpu=e.main_gpu,
     )
     aliases = frozenset(ALIASES) if name is None and model.id.lower() in ALIASES else frozenset()
     return ModelSpec(name or model.id, cfg, model.path, backend, build, command, log_path, preload, aliases)

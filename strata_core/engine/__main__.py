@@ -76,7 +76,7 @@ def step_trace(path: str | None) -> Callable[[dict[str, Any]], None] | None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The engine's options; their defaults are the configuration's (config.py), so a
     default is written once."""
-    from strata_core.config import EngineConfig, SpeculativeConfig
+    from strata_core.config import SPLIT_MODES, EngineConfig, SpeculativeConfig
 
     eng, spec = EngineConfig(), SpeculativeConfig()
     ap = argparse.ArgumentParser(prog="python -m strata_core.engine")
@@ -88,6 +88,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--n-gpu-layers", type=int, default=0)
     ap.add_argument("--flash-attn", choices=["on", "off", "auto"], default="auto")
     ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--split-mode", choices=SPLIT_MODES, default=eng.split_mode, help="how the model spreads over GPUs")
+    ap.add_argument("--tensor-split", type=_proportions, help="each GPU's share, e.g. 3,1")
+    ap.add_argument("--main-gpu", type=int, default=eng.main_gpu, help="the GPU for split mode none")
     ap.add_argument("--prompt-cache-mib", type=int, default=eng.prompt_cache_mib,
                     help="host memory for saved slot caches")  # fmt: skip
     ap.add_argument("--spec-k", type=int, default=spec.k, help="most tokens a speculative window proposes")
@@ -96,6 +99,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--draft-model", help="a GGUF sharing the model's vocabulary, for spec=draft")
     ap.add_argument("--spec-threshold", type=float, default=spec.threshold, help="the draft model's confidence gate")
     return ap.parse_args(argv)
+
+
+def _proportions(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
 
 
 def stdin_reader(q: queue.Queue[Any], answer_now: Callable[[Any], bool]) -> None:
@@ -120,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     # llama.py first: libllama's native libraries must load before numpy's. The other
     # order made model loading segfault with CUDA 13 and numpy 2.5 on an H200.
     from strata_core.engine.llama import Llama, ModelOptions  # isort: skip
+    from strata_core.config import check_split, split_settings
     from strata_core.engine.drafter import DraftModel, check_shared_vocab
     from strata_core.engine.grammar import Grammars
     from strata_core.engine.scheduler import Request, Scheduler
@@ -128,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Output()
     drafter = None
     try:
+        flash_attn = {"on": True, "off": False}.get(args.flash_attn)
+        # The configuration's own rules, for an engine started by any client.
+        split = split_settings(args.split_mode, args.tensor_split, args.main_gpu)
+        check_split(split.split_mode, flash_attn, args.n_gpu_layers)
         opts = ModelOptions(
             path=args.model,
             n_ctx=args.n_ctx,
@@ -135,7 +147,10 @@ def main(argv: list[str] | None = None) -> int:
             n_batch=args.n_batch,
             threads=args.threads,
             n_gpu_layers=args.n_gpu_layers,
-            flash_attn={"on": True, "off": False}.get(args.flash_attn),
+            flash_attn=flash_attn,
+            split_mode=split.split_mode,
+            tensor_split=tuple(split.tensor_split or ()),
+            main_gpu=split.main_gpu,
         )
         llama = Llama(opts)
         if args.draft_model:
@@ -162,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                 "pid": os.getpid(),
                 "slots": args.parallel,
                 "n_batch": llama.n_batch,
+                "split": llama.split,
                 "capabilities": CAPABILITIES + (["spec_draft"] if drafter else []),
                 **facts,
             }

@@ -29,6 +29,31 @@ class ModelOptions:
     threads: int | None = None
     n_gpu_layers: int = 0
     flash_attn: bool | None = None
+    split_mode: Literal["none", "layer", "tensor"] = "layer"
+    tensor_split: tuple[float, ...] = ()  # empty: by each GPU's free memory
+    main_gpu: int = 0
+
+
+#: llama.cpp's enum llama_split_mode (ROW, 2, is superseded by TENSOR and not offered).
+SPLIT_MODES = {"none": ll.LLAMA_SPLIT_MODE_NONE, "layer": ll.LLAMA_SPLIT_MODE_LAYER, "tensor": ll.LLAMA_SPLIT_MODE_TENSOR}
+
+
+def set_split(mparams: Any, opts: ModelOptions) -> dict[str, Any]:
+    """Set how the model spreads over GPUs in ``mparams`` (llama_model_params); returns
+    what the struct now holds, as READY reports it."""
+    if opts.split_mode == "tensor" and not ll.llama_supports_gpu_offload():
+        raise LlamaError("split_mode tensor needs a GPU build of llama.cpp; this one offloads nothing")
+    n_max = int(ll.llama_max_devices())
+    if len(opts.tensor_split) > n_max:
+        raise LlamaError(f"tensor_split has {len(opts.tensor_split)} proportions; llama.cpp takes at most {n_max}")
+    mparams.split_mode = SPLIT_MODES[opts.split_mode]
+    mparams.main_gpu = opts.main_gpu
+    if opts.tensor_split:
+        # llama.cpp reads llama_max_devices() floats and copies them while loading
+        mparams.tensor_split = (ctypes.c_float * n_max)(*opts.tensor_split)
+    mode = {v: k for k, v in SPLIT_MODES.items()}[int(mparams.split_mode)]
+    shares = [float(mparams.tensor_split[i]) for i in range(len(opts.tensor_split))] if opts.tensor_split else []
+    return {"mode": mode, "main_gpu": int(mparams.main_gpu), "tensor_split": shares}
 
 
 class Batch:
@@ -88,9 +113,12 @@ class Llama:
         ll.llama_backend_init()
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = opts.n_gpu_layers if opts.n_gpu_layers >= 0 else 0x7FFFFFFF
+        self.split = set_split(mparams, opts)
         model = ll.llama_model_load_from_file(opts.path.encode(), mparams)
         if not model:
-            raise LlamaError(f"llama.cpp could not load the model {opts.path}")
+            # e.g. a main_gpu that is not visible, or an architecture without tensor mode
+            split = f" with split {self.split} (the engine's log says why)" if opts.split_mode != "layer" else ""
+            raise LlamaError(f"llama.cpp could not load the model {opts.path}{split}")
         self.model = model
         #: layers run on a GPU (whose backends replay a captured graph per batch shape)
         self.on_gpu = opts.n_gpu_layers != 0 and bool(ll.llama_supports_gpu_offload())
