@@ -5,15 +5,16 @@ turns its request into these calls and their pieces into its bodies."""
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
 
 from strata_core import protocol as proto
+from strata_core.api.limits import queue_full, read_json
 from strata_core.api.metrics import Metrics
 from strata_core.config import Config
 from strata_core.errors import ApiError
@@ -41,14 +42,6 @@ def service_of(request: Request) -> Service:
     return request.app.state.service  # type: ignore[no-any-return]
 
 
-async def json_body(request: Request) -> Any:
-    raw = await request.body()
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
-
-
 def engine_unavailable(why: object) -> ApiError:
     return ApiError(503, f"the engine is unavailable: {why}", type="server_error", code="engine_unavailable")
 
@@ -62,6 +55,8 @@ class Service:
     pieces: list[bytes] = field(default_factory=list)
     template: ChatTemplate | None = None
     metrics: Metrics = field(init=False)
+    #: engine requests admitted (admission) and not sent yet
+    admitting: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         slots = self.config.engine.parallel
@@ -99,6 +94,30 @@ class Service:
         if not self.engine.ready.is_set():
             raise ApiError(503, "the engine is starting; try again shortly", type="server_error",
                            code="engine_unavailable")  # fmt: skip
+
+    async def body(self, request: Request) -> Any:
+        """The request's JSON body, within the operator's size and nesting limits."""
+        return await read_json(request, self.config.server)
+
+    @contextmanager
+    def admission(self, choices: int) -> Iterator[None]:
+        """Room for ``choices`` engine requests until they are sent (GEN), or 429 when more
+        than ``[server] max_queued`` would wait for a slot; a request that could never fit
+        is a 400."""
+        limit, slots = self.config.server.max_queued, self.config.engine.parallel
+        if limit and choices > limit + slots:
+            raise ApiError(400, f"the request asks for {choices} choices (n for each prompt); this server "
+                           f"runs {slots} at once and queues at most {limit}", param="n",
+                           code="invalid_value")  # fmt: skip
+        waiting = self.engine.in_flight + self.admitting - slots
+        if limit and waiting + choices > limit:
+            self.metrics.refused.inc()
+            raise queue_full(max(0, waiting), limit)
+        self.admitting += choices
+        try:
+            yield
+        finally:
+            self.admitting -= choices
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in {self.model_id, *ALIASES}:
