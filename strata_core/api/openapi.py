@@ -77,6 +77,9 @@ def _reply(obj: str) -> dict[str, Any]:
     }
 
 
+#: One event of a stream: a chunk's JSON, an error object's, or [DONE].
+SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
+
 REPLIES = {ChatRequest: _reply("chat.completion"), CompletionRequest: _reply("text_completion")}
 
 
@@ -86,7 +89,7 @@ def route(model: type[BaseRequest], what: str) -> dict[str, Any]:
         "description": f"{what}, or with stream true its SSE chunks ending with [DONE]",
         "content": {
             "application/json": {"schema": REPLIES[model]},
-            "text/event-stream": {"schema": {"type": "string"}},
+            "text/event-stream": {"schema": SSE_EVENT},
         },
     }
     body = {"required": True, "content": {"application/json": {"schema": {"$ref": REF.format(model=model.__name__)}}}}
