@@ -1,6 +1,8 @@
-"""Developer sessions: nox -s tests | lint | typecheck | serve | bench | soak."""
+"""Developer sessions: nox -s tests | lint | typecheck | serve | bench | soak | fuzz."""
 
 from __future__ import annotations
+
+import os
 
 import nox
 
@@ -51,3 +53,13 @@ def soak(session: nox.Session) -> None:
     (docs/reliability.md); pass other options after --, e.g. nox -s soak -- --minutes 5."""
     install(session)
     session.run("python", "bench/soak.py", *session.posargs)
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """Fuzz the HTTP API from its OpenAPI document for longer than the test suite does:
+    2000 examples per operation by default (STRATA_FUZZ_EXAMPLES); no 5xx, answers as
+    documented (tests/test_fuzz.py)."""
+    install(session)
+    examples = os.environ.get("STRATA_FUZZ_EXAMPLES", "2000")
+    session.run("pytest", "tests/test_fuzz.py", "-x", *session.posargs, env={"STRATA_FUZZ_EXAMPLES": examples})

@@ -173,6 +173,15 @@ def console_logging(level: str) -> None:
     logger.propagate = False
 
 
+def exposure_warning(cfg: Config) -> str | None:
+    """A warning when the server would listen beyond this machine with no API key."""
+    host = cfg.server.host
+    if cfg.server.api_key or host in ("localhost", "::1") or host.startswith("127."):
+        return None
+    return (f"strata: warning: serving on {host} without an API key: anyone who can reach this port can "
+            "use the model (set [server] api_key or STRATA_SERVER_API_KEY, or serve on --host 127.0.0.1)")  # fmt: skip
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import faulthandler
     import signal
@@ -185,6 +194,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from strata_core.sampling import check_defaults
 
     cfg = _config(args)
+    if warning := exposure_warning(cfg):
+        print(warning, file=sys.stderr, flush=True)
     check_defaults(cfg.sampling)
     host, port = cfg.server.host, cfg.server.port
     log_path = engine_log_path(args, port)

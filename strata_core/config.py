@@ -47,6 +47,15 @@ class ServerConfig(_Section):
     #: Stop a model's engine after this many seconds without a request (it loads again on
     #: the next one); 0: never.
     idle_ttl_s: float = Field(default=0.0, ge=0.0)
+    #: Largest request body, in bytes; a larger one is refused with 413.
+    max_body_bytes: int = Field(default=8 << 20, ge=1024)
+    #: Deepest nesting of arrays and objects in a request body (a JSON schema counts).
+    max_json_depth: int = Field(default=64, ge=4, le=500)
+    #: Engine requests (one per choice) allowed to wait for a slot; beyond that a request
+    #: is refused with 429 and Retry-After. 0: no limit.
+    max_queued: int = Field(default=256, ge=0)
+    #: Seconds one request may run before it is cancelled and answered 504; 0: no limit.
+    request_timeout: float = Field(default=600.0, ge=0)
 
 
 class EngineConfig(_Section):

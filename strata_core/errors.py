@@ -25,6 +25,7 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         type: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -32,6 +33,7 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.type = type
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         return {
@@ -47,6 +49,12 @@ class ApiError(Exception):
         return (
             f"ApiError({self.status}, {self.message!r}, param={self.param!r}, code={self.code!r})"
         )
+
+
+def internal_error(exc: BaseException) -> ApiError:
+    """The answer to a bug: an OpenAI-shaped 500, never a plain-text one."""
+    return ApiError(500, f"internal error: {type(exc).__name__} (a bug in Strata; the server's log has "
+                    "its traceback)", type="server_error", code="internal_error")  # fmt: skip
 
 
 def _show(value: Any) -> str:

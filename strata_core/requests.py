@@ -33,6 +33,11 @@ from .options import (
 MAX_N = 16
 #: Most stop strings one request may carry (OpenAI's limit).
 MAX_STOP = 4
+#: Most messages in one chat, and most tools it may offer.
+MAX_MESSAGES = 2048
+MAX_TOOLS = 128
+#: Longest JSON schema (response_format's, a tool's parameters), in characters of its JSON.
+MAX_SCHEMA_CHARS = 65536
 #: ``penalty_last_n=-1`` ("the whole context") is stored as this window; the engine clamps
 #: the window to the history it has, and no context is longer (EngineConfig.n_ctx <= 2**20).
 PENALTY_LAST_N_ALL = 1 << 20
@@ -93,6 +98,12 @@ def _invalid(message: str, kind: str = "invalid_value") -> PydanticCustomError:
     return PydanticCustomError(kind, message)
 
 
+def _schema_size(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    if value is not None and len(text := json.dumps(value)) > MAX_SCHEMA_CHARS:
+        raise _invalid(f"a schema is at most {MAX_SCHEMA_CHARS} characters of JSON, got {len(text)}")
+    return value
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -118,6 +129,8 @@ class JsonSchemaFormat(_Strict):
     # "schema" would shadow BaseModel.schema(): the JSON key is an alias.
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
+
+    _size = field_validator("schema_")(_schema_size)
 
 
 class ResponseFormat(_Strict):
@@ -178,7 +191,7 @@ class ChatMessage(_Strict):
     def _refuse_later_work(cls, data: Any) -> Any:
         return _drop_unset(data, MESSAGE_NOT_YET_SUPPORTED)
 
-    @field_validator("content", mode="plain")
+    @field_validator("content", mode="plain", json_schema_input_type=str | list[TextPart] | None)
     @classmethod
     def _content(cls, value: Any, info: ValidationInfo) -> str | list[TextPart] | None:
         if value is None:
@@ -273,7 +286,7 @@ class BaseRequest(_Strict):
     def _refuse_later_work(cls, data: Any) -> Any:
         return _drop_unset(data, NOT_YET_SUPPORTED)
 
-    @field_validator("allowed_token_ids", mode="plain")
+    @field_validator("allowed_token_ids", mode="plain", json_schema_input_type=list[int] | None)
     @classmethod
     def _allowed_token_ids(cls, value: Any) -> list[int] | None:
         if value is None:
@@ -293,7 +306,7 @@ class BaseRequest(_Strict):
             return cls.model_fields[info.field_name or ""].default
         return value
 
-    @field_validator("stop", mode="plain")
+    @field_validator("stop", mode="plain", json_schema_input_type=str | list[str] | None)
     @classmethod
     def _stop(cls, value: Any) -> str | list[str] | None:
         if value is None:
@@ -329,7 +342,7 @@ class BaseRequest(_Strict):
     def _penalty_last_n(cls, value: int | None) -> int | None:
         return PENALTY_LAST_N_ALL if value == -1 else value
 
-    @field_validator("logit_bias", mode="plain")
+    @field_validator("logit_bias", mode="plain", json_schema_input_type=dict[str, float] | None)
     @classmethod
     def _logit_bias(cls, value: Any) -> dict[int, float] | None:
         if value is None:
@@ -379,6 +392,8 @@ class FunctionDef(_Strict):
     parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
     strict: bool | None = None
 
+    _size = field_validator("parameters")(_schema_size)
+
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
@@ -410,12 +425,12 @@ RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "docum
 
 
 class ChatRequest(BaseRequest):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     # true, or (vLLM / legacy form) an int taken as top_logprobs
     logprobs: bool | int | None = None
     top_logprobs: int | None = None
-    tools: list[Tool] | None = None
+    tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     # Extension (vLLM, SGLang): variables for the chat template, e.g. enable_thinking.
@@ -434,7 +449,7 @@ class ChatRequest(BaseRequest):
             raise _invalid(f"function names must be unique; {twice[0]!r} appears more than once")
         return value
 
-    @field_validator("tool_choice", mode="plain")
+    @field_validator("tool_choice", mode="plain", json_schema_input_type=ToolChoice | None)
     @classmethod
     def _tool_choice(cls, value: Any, info: ValidationInfo) -> ToolChoice | None:
         if value is None:
@@ -502,7 +517,7 @@ class ChatRequest(BaseRequest):
             return [t for t in tools if t.function.name == self.tool_choice.function.name]
         return list(tools)
 
-    @field_validator("logprobs", mode="plain")
+    @field_validator("logprobs", mode="plain", json_schema_input_type=bool | int | None)
     @classmethod
     def _logprobs(cls, value: Any) -> bool | int | None:
         if value is None or isinstance(value, bool):
@@ -511,7 +526,7 @@ class ChatRequest(BaseRequest):
             raise _invalid("expected true, false or an integer (taken as top_logprobs)", "invalid_type")
         return _top_count(value)
 
-    @field_validator("top_logprobs", mode="plain")
+    @field_validator("top_logprobs", mode="plain", json_schema_input_type=int | None)
     @classmethod
     def _top_logprobs(cls, value: Any, info: ValidationInfo) -> int | None:
         if value is None:
@@ -567,7 +582,7 @@ class CompletionRequest(BaseRequest):
     logprobs: int | None = None
     echo: bool | None = None
 
-    @field_validator("logprobs", mode="plain")
+    @field_validator("logprobs", mode="plain", json_schema_input_type=int | bool | None)
     @classmethod
     def _logprobs(cls, value: Any) -> int | None:
         if value is None or value is False:  # false: "not asked", as some clients send it
@@ -590,7 +605,7 @@ class CompletionRequest(BaseRequest):
     def logprob_alternatives(self) -> int | None:
         return self.logprobs
 
-    @field_validator("prompt", mode="plain")
+    @field_validator("prompt", mode="plain", json_schema_input_type=Prompt)
     @classmethod
     def _prompt(cls, value: Any) -> Prompt:
         if isinstance(value, str):

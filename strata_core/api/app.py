@@ -3,16 +3,27 @@ shares (start-up, the API key, OpenAI-shaped errors, health and metrics)."""
 
 from __future__ import annotations
 
+import hmac
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.exceptions import HTTPException
 
 from strata_core.api import completions
+from strata_core.api.openapi import COMMON_ERRORS, document
 from strata_core.api.pool import ModelPool
-from strata_core.errors import ApiError
+from strata_core.api.service import engine_unavailable
+from strata_core.errors import ApiError, internal_error
+from strata_core.reader import EngineUnavailable
+
+log = logging.getLogger("strata.api")
+
+#: Codes of the HTTP errors Starlette raises itself (an unknown route, a wrong method).
+HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
 def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
@@ -34,25 +45,48 @@ def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None =
         # A dependency, not a middleware: an HTTP middleware would wrap every streamed
         # chunk in an extra task hand-off.
         key = config.server.api_key
-        if key and request.url.path.startswith("/v1/"):
-            if request.headers.get("authorization") != f"Bearer {key}":
-                raise ApiError(401, "invalid or missing API key", code="invalid_api_key",
-                               type="authentication_error")  # fmt: skip
+        if key and request.url.path.startswith("/v1/") and not key_matches(request, key):
+            raise ApiError(401, "invalid or missing API key (send Authorization: Bearer <key> or "
+                           "x-api-key: <key>)", code="invalid_api_key", type="authentication_error")  # fmt: skip
 
-    app = FastAPI(title="Strata", lifespan=lifespan, dependencies=[Depends(auth)])
+    app = FastAPI(title="Strata", lifespan=lifespan, dependencies=[Depends(auth)], responses=COMMON_ERRORS)
     app.state.pool = pool
+    app.state.server_config = config.server
     app.include_router(completions.router)
 
+    app.openapi = lambda: document(app)  # type: ignore[method-assign]
+
+    # Every failure is an OpenAI error object (docs/reliability.md, "What each failure answers").
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return error_response(exc)
+
+    @app.exception_handler(EngineUnavailable)
+    async def engine_gone(request: Request, exc: EngineUnavailable) -> JSONResponse:
+        return error_response(engine_unavailable(exc))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        code = HTTP_CODES.get(exc.status_code, "http_error")
+        message = f"{exc.detail}: {request.method} {request.url.path}"
+        return error_response(ApiError(exc.status_code, message, code=code, headers=dict(exc.headers or {})))
+
+    @app.exception_handler(Exception)
+    async def bug(request: Request, exc: Exception) -> JSONResponse:
+        # A bug: Starlette re-raises it after this answer, and uvicorn logs the traceback.
+        service = pool.entry(None).service
+        if service is not None:
+            service.metrics.internal_errors.inc()
+        log.error("internal error in %s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
+        return error_response(internal_error(exc))
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         data = [{"id": name, "object": "model", "created": 0, "owned_by": "strata"} for name in pool.names()]
         return {"object": "list", "data": data}
 
-    @app.get("/health")
+    @app.get("/health", responses={503: {"description": "the engine is starting",
+                                         "content": {"application/json": {"schema": {"type": "object"}}}}})  # fmt: skip
     async def health() -> JSONResponse:
         """ok when the engine of every loaded model is ready (the server answers only once
         the models that load with it are loaded)."""
@@ -60,7 +94,7 @@ def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None =
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "starting"}, status_code=503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics(model: str | None = None) -> PlainTextResponse:
         """The first model's series, or ``?model=NAME``'s (an unloaded model has none)."""
         service = pool.entry(model).service
@@ -83,3 +117,17 @@ def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None =
                 "models": every, **replica}  # fmt: skip
 
     return app
+
+
+def key_matches(request: Request, key: str) -> bool:
+    """The API key as a bearer token or (Anthropic's clients) ``x-api-key``, compared in
+    constant time so the answer's timing does not spell the key."""
+    want = key.encode()
+    bearer = request.headers.get("authorization", "")
+    sent = [bearer[7:] if bearer[:7].lower() == "bearer " else "", request.headers.get("x-api-key", "")]
+    return any(hmac.compare_digest(s.encode(), want) for s in sent)
+
+
+def error_response(exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+

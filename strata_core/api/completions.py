@@ -12,9 +12,9 @@ from typing import TypeVar, cast
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from strata_core.api import bodies
+from strata_core.api import bodies, openapi
 from strata_core.api.service import Service, engine_unavailable, json_body, service_for
-from strata_core.api.stream import Collected, collect, sse_stream
+from strata_core.api.stream import Collected, collect, sse_stream, timed_out
 from strata_core.errors import ApiError
 from strata_core.reader import EngineUnavailable, Usage
 from strata_core.requests import BaseRequest, ChatRequest, CompletionRequest, parse_request
@@ -27,17 +27,18 @@ T = TypeVar("T")
 router = APIRouter()
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", **openapi.route(ChatRequest, "a chat completion"))
 async def chat_completions(request: Request) -> Response:
     req = parse_request(ChatRequest, await json_body(request))
     service = await service_for(request, req.model)
     service.ready()
-    prompt, shape = await service.chat_prompt(req)
+    with service.admission(req.n):
+        prompt, shape = await service.chat_prompt(req)
     grammar = service.tool_grammar(req)
     return await respond(service, request, req, [prompt], "messages", shape=shape, grammar=grammar)
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", **openapi.route(CompletionRequest, "a completion"))
 async def completions(request: Request) -> Response:
     req = parse_request(CompletionRequest, await json_body(request))
     service = await service_for(request, req.model)
@@ -48,12 +49,14 @@ async def completions(request: Request) -> Response:
         texts = [p]
     elif isinstance(p[0], str):
         texts = cast(list[str], p)
-    if texts is not None:
-        prompts = [await service.tokenize(s) for s in texts]
-    elif isinstance(p[0], list):
-        prompts = [list(x) for x in cast(list[list[int]], p)]
-    else:
-        prompts = [list(cast(list[int], p))]
+    many = isinstance(p, list) and isinstance(p[0], (str, list))
+    with service.admission(req.n * (len(p) if many else 1)):
+        if texts is not None:
+            prompts = [await service.tokenize(s) for s in texts]
+        elif isinstance(p[0], list):
+            prompts = [list(x) for x in cast(list[list[int]], p)]
+        else:
+            prompts = [list(cast(list[int], p))]
     for ids in prompts:
         service.check_token_ids(ids, "prompt")
     echoes = None
@@ -90,15 +93,14 @@ async def respond(
                                    grammar=grammar)  # fmt: skip
             iters.append(service.start_choice(prompt, opts, stops, echo, shape))
     headers = {"x-strata-seed": str(seed)}
+    timeout = service.config.server.request_timeout or None
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(
-            sse_stream(rid, service.model_id, iters, chat, include_usage, prompts, req.n),
-            media_type="text/event-stream",
-            headers=headers,
-        )
+        stream = sse_stream(rid, service.model_id, iters, chat, include_usage, prompts, req.n,
+                            timeout=timeout, bugs=service.metrics.internal_errors)  # fmt: skip
+        return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
     try:
-        results = await until_disconnect(request, asyncio.gather(*(collect(i) for i in iters)))
+        results = await until_done(request, asyncio.gather(*(collect(i) for i in iters)), timeout)
     except EngineUnavailable as exc:
         raise engine_unavailable(exc) from None
     usage = Usage(prompt=sum(len(p) for p in prompts))
@@ -121,16 +123,30 @@ def seed_for_choice(seed: int, i: int) -> int:
     return x ^ (x >> 31)
 
 
-async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Run ``work``; cancel it (and so its engine requests) if the client goes away."""
+async def until_done(request: Request, work: Awaitable[T], timeout: float | None) -> T:
+    """Run ``work``; cancel it (and so its engine requests) when the client goes away (499)
+    or after ``timeout`` seconds (504). Whatever ends, both tasks are awaited."""
     task = asyncio.ensure_future(work)
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=0.5)
-        if done:
-            return task.result()
-        if await request.is_disconnected():
-            task.cancel()
-            raise ApiError(499, "client closed the request", code="client_closed")
+    gone = asyncio.ensure_future(disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        finished = task.done()
+        for t in (task, gone):
+            t.cancel()
+        await asyncio.gather(task, gone, return_exceptions=True)
+    if finished:
+        return task.result()
+    if gone.done() and not gone.cancelled():
+        raise ApiError(499, "client closed the request", code="client_closed")
+    raise timed_out(timeout)
+
+
+async def disconnected(request: Request) -> None:
+    """Return when the client hangs up. The body has been read, so the server's next
+    message is the disconnect."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _reconciled(r: Collected, constraint: Constraint) -> Collected:

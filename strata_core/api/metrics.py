@@ -80,6 +80,10 @@ class Metrics:
             "strata_requests_cancelled_total", "Engine requests that ended cancelled", lambda: int(cancelled())
         )
         self.errors = Counter("strata_request_errors_total", "Requests that ended in an error")
+        self.internal_errors = Counter(
+            "strata_internal_errors_total", "Requests answered 500 internal_error: bugs (tracebacks in the log)"
+        )
+        self.refused = Counter("strata_requests_refused_total", "Requests refused with 429: the queue was full")
         self.prompt_tokens = Counter("strata_prompt_tokens_total", "Prompt tokens processed")
         self.cached_tokens = Counter("strata_cached_prompt_tokens_total", "Prompt tokens reused")
         self.gen_tokens = Counter("strata_generation_tokens_total", "Tokens generated")

@@ -5,15 +5,16 @@ turns its request into these calls and their pieces into its bodies."""
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
 
 from strata_core import protocol as proto
+from strata_core.api.limits import queue_full, read_json
 from strata_core.api.metrics import Metrics
 from strata_core.config import Config
 from strata_core.errors import ApiError
@@ -42,11 +43,9 @@ async def service_for(request: Request, model: str | None) -> Service:
 
 
 async def json_body(request: Request) -> Any:
-    raw = await request.body()
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    """The request's JSON body, within the operator's size and nesting limits ([server];
+    create_app puts them in the app's state), before any model is picked."""
+    return await read_json(request, request.app.state.server_config)
 
 
 def engine_unavailable(why: object) -> ApiError:
@@ -62,6 +61,8 @@ class Service:
     pieces: list[bytes] = field(default_factory=list)
     template: ChatTemplate | None = None
     metrics: Metrics = field(init=False)
+    #: engine requests admitted (admission) and not sent yet
+    admitting: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         slots = self.config.engine.parallel
@@ -99,6 +100,26 @@ class Service:
         if not self.engine.ready.is_set():
             raise ApiError(503, "the engine is starting; try again shortly", type="server_error",
                            code="engine_unavailable")  # fmt: skip
+
+    @contextmanager
+    def admission(self, choices: int) -> Iterator[None]:
+        """Room for ``choices`` engine requests until they are sent (GEN), or 429 when more
+        than ``[server] max_queued`` would wait for a slot; a request that could never fit
+        is a 400."""
+        limit, slots = self.config.server.max_queued, self.config.engine.parallel
+        if limit and choices > limit + slots:
+            raise ApiError(400, f"the request asks for {choices} choices (n for each prompt); this server "
+                           f"runs {slots} at once and queues at most {limit}", param="n",
+                           code="invalid_value")  # fmt: skip
+        waiting = self.engine.in_flight + self.admitting - slots
+        if limit and waiting + choices > limit:
+            self.metrics.refused.inc()
+            raise queue_full(max(0, waiting), limit)
+        self.admitting += choices
+        try:
+            yield
+        finally:
+            self.admitting -= choices
 
     def check_token_ids(self, ids: list[int], param: str) -> None:
         bad = [t for t in ids if t >= self.n_vocab]

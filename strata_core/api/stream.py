@@ -5,16 +5,25 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from strata_core.api import bodies
-from strata_core.errors import ApiError
+from strata_core.api.metrics import Counter
+from strata_core.errors import ApiError, internal_error
 from strata_core.reader import EngineUnavailable, Usage
 from strata_core.text.choice import Delta, joined
 from strata_core.text.logprobs import Entry
 from strata_core.text.tools import ToolCall
+
+log = logging.getLogger("strata.api")
+
+
+def timed_out(timeout: float | None) -> ApiError:
+    return ApiError(504, f"the request ran longer than {timeout} s and was cancelled (the operator's "
+                    "[server] request_timeout)", type="server_error", code="timeout")  # fmt: skip
 
 
 @dataclass
@@ -88,11 +97,16 @@ async def sse_stream(
     include_usage: bool,
     prompts: list[list[int]],
     n: int,
+    timeout: float | None = None,
+    bugs: Counter | None = None,
 ) -> AsyncIterator[bytes]:
     """The SSE chunks of a streamed reply: each choice's pieces as they come (a chat's role
-    chunk first), an error chunk if the engine fails, the usage chunk when asked for, then
+    chunk first), an error chunk if the engine fails, a choice fails otherwise (``bugs``
+    counts those) or ``timeout`` seconds pass, the usage chunk when asked for, then
     ``[DONE]``."""
     created = bodies.now()
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
     queue: asyncio.Queue[tuple[int, Delta | BaseException | None]] = asyncio.Queue()
 
     async def pump(i: int, it: AsyncIterator[Delta]) -> None:
@@ -114,15 +128,16 @@ async def sse_stream(
             for i in range(len(iters)):
                 yield bodies.sse(bodies.chat_chunk(rid, model, created, i, {"role": "assistant", "content": ""}, None))
         while open_choices:
-            i, item = await queue.get()
+            try:
+                left = None if deadline is None else deadline - loop.time()
+                i, item = await asyncio.wait_for(queue.get(), left)
+            except asyncio.TimeoutError:
+                item = timed_out(timeout)
             if item is None:
                 open_choices -= 1
                 continue
             if isinstance(item, BaseException):
-                msg = str(item) or type(item).__name__
-                err = ApiError(503, f"the engine failed: {msg}", type="server_error",
-                               code="engine_unavailable")
-                yield bodies.sse(err.body())
+                yield bodies.sse(stream_error(item, bugs).body())
                 yield bodies.sse("[DONE]")
                 return
             if item.usage is not None:
@@ -145,3 +160,16 @@ async def sse_stream(
     finally:
         for t in tasks:
             t.cancel()
+
+
+def stream_error(exc: BaseException, bugs: Counter | None) -> ApiError:
+    """The error event that ends a stream: what the engine or a limit said, else a bug's 500."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, EngineUnavailable):
+        msg = str(exc) or type(exc).__name__
+        return ApiError(503, f"the engine failed: {msg}", type="server_error", code="engine_unavailable")
+    if bugs is not None:
+        bugs.inc()
+    log.error("internal error in a stream", exc_info=exc)
+    return internal_error(exc)

@@ -1,0 +1,114 @@
+"""The OpenAPI document (``/openapi.json``) as the API is: the request models' JSON schemas
+as the routes' bodies, what a reply holds, and every error an OpenAI error object. The
+routes parse their bodies themselves (requests.parse_request, for OpenAI-shaped errors), so
+FastAPI cannot see the models; ``route`` and ``document`` tell it. Fuzzing reads this
+document (tests/test_fuzz.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+
+from strata_core import __version__
+from strata_core.requests import BaseRequest, ChatRequest, CompletionRequest
+
+REF = "#/components/schemas/{model}"
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    """OpenAI's error object."""
+
+    error: ErrorDetail
+
+
+def _error(why: str, **extra: Any) -> dict[str, Any]:
+    # JSON whatever the route's own replies are (/metrics is text)
+    schema = {"$ref": REF.format(model="ErrorBody")}
+    return {"description": why, "content": {"application/json": {"schema": schema}}, **extra}
+
+
+#: Errors any route may answer.
+COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: _error("missing or wrong API key (when the server has one)"),
+    404: _error("no such route"),
+    405: _error("the route does not take this method"),
+    500: _error("a bug in the server (internal_error); its traceback is in the log"),
+}
+
+#: What the completion routes answer besides their reply (docs/reliability.md).
+REQUEST_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: _error("the request is wrong; param names the field"),
+    404: _error("no such route, or no such model (model_not_found)"),
+    413: _error("the body is larger than [server] max_body_bytes"),
+    429: _error(
+        "more requests wait for a slot than [server] max_queued (queue_full)",
+        headers={"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}},
+    ),
+    503: _error("the engine is starting or restarting (engine_unavailable)"),
+    504: _error("the request ran longer than [server] request_timeout (timeout)"),
+}
+
+_USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"]}
+
+
+def _reply(obj: str) -> dict[str, Any]:
+    """The reply's outline: what every body of this route holds."""
+    return {
+        "type": "object",
+        "required": ["id", "object", "created", "model", "choices", "usage"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": obj},
+            "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "choices": {"type": "array", "items": {"type": "object", "required": ["index", "finish_reason"]}},
+            "usage": _USAGE,
+        },
+    }
+
+
+#: One event of a stream: a chunk's JSON, an error object's, or [DONE].
+SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
+
+REPLIES = {ChatRequest: _reply("chat.completion"), CompletionRequest: _reply("text_completion")}
+
+
+def route(model: type[BaseRequest], what: str) -> dict[str, Any]:
+    """A completion route's OpenAPI details: ``model`` as its body, its replies and errors."""
+    ok = {
+        "description": f"{what}, or with stream true its SSE chunks ending with [DONE]",
+        "content": {
+            "application/json": {"schema": REPLIES[model]},
+            "text/event-stream": {"schema": SSE_EVENT},
+        },
+    }
+    body = {"required": True, "content": {"application/json": {"schema": {"$ref": REF.format(model=model.__name__)}}}}
+    return {
+        "summary": f"Create {what}",
+        "openapi_extra": {"requestBody": body},
+        "responses": {200: ok, **REQUEST_ERRORS},
+    }
+
+
+def document(app: FastAPI) -> dict[str, Any]:
+    """The app's OpenAPI document, with the request models among its components."""
+    if app.openapi_schema is None:
+        spec = get_openapi(title=app.title, version=__version__, routes=app.routes)
+        schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+        models: tuple[type[BaseModel], ...] = (ErrorBody, ChatRequest, CompletionRequest)
+        for model in models:
+            schema = model.model_json_schema(ref_template=REF)
+            schemas.update(schema.pop("$defs", {}))
+            schemas[model.__name__] = schema
+        app.openapi_schema = spec
+    return app.openapi_schema
