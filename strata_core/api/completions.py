@@ -5,25 +5,26 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-from collections.abc import Awaitable
-from typing import TypeVar, cast
+from typing import cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from strata_core.api import bodies
-from strata_core.api.service import Service, engine_unavailable, json_body, service_of
-from strata_core.api.stream import Collected, collect, sse_stream
-from strata_core.errors import ApiError
+from strata_core.api.service import (
+    Service,
+    engine_unavailable,
+    json_body,
+    service_of,
+    until_disconnect,
+)
+from strata_core.api.stream import collect, reconciled, sse_stream
 from strata_core.reader import EngineUnavailable, Usage
 from strata_core.requests import BaseRequest, ChatRequest, CompletionRequest, parse_request
 from strata_core.sampling import resolve_seed
 from strata_core.text.choice import ChatShape
 from strata_core.text.detokenize import decode
-from strata_core.text.structured import Constraint, constraint_for, reconcile_choice
 
-T = TypeVar("T")
 router = APIRouter()
 
 
@@ -76,9 +77,7 @@ async def respond(
     is given (``param`` is ``messages``), else a completion."""
     chat = isinstance(req, ChatRequest)
     service.check_model(req.model)
-    constraint = constraint_for(req.response_format)
-    if constraint is not None and grammar is None:  # a forced tool call's grammar goes first
-        grammar = constraint.gen_value()
+    grammar, constraint = service.constrain(req, grammar)
     seed = resolve_seed(req.seed)
     max_new = [service.check_lengths(p, req, param) for p in prompts]
     rid = bodies.new_id("chatcmpl" if chat else "cmpl")
@@ -106,7 +105,7 @@ async def respond(
     for i, r in enumerate(results):
         usage.add_choice(r.usage, first_of_prompt=i % req.n == 0)
     if constraint is not None and not echoes:  # an echoed prompt is not part of the value
-        results = [_reconciled(r, constraint) for r in results]
+        results = [reconciled(r, constraint) for r in results]
     choices = [r.choice(i, chat) for i, r in enumerate(results)]
     build = bodies.chat_response if chat else bodies.completion_response
     return JSONResponse(build(rid, service.model_id, choices, usage, seed), headers=headers)
@@ -120,21 +119,3 @@ def seed_for_choice(seed: int, i: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
     return x ^ (x >> 31)
-
-
-async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Run ``work``; cancel it (and so its engine requests) if the client goes away."""
-    task = asyncio.ensure_future(work)
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=0.5)
-        if done:
-            return task.result()
-        if await request.is_disconnected():
-            task.cancel()
-            raise ApiError(499, "client closed the request", code="client_closed")
-
-
-def _reconciled(r: Collected, constraint: Constraint) -> Collected:
-    """A structured choice as returned: structured.reconcile_choice's content and entries."""
-    text, entries = reconcile_choice(r.text, r.entries, constraint.schema)
-    return dataclasses.replace(r, text=text, entries=entries)

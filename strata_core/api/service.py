@@ -5,11 +5,12 @@ turns its request into these calls and their pieces into its bodies."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
 
@@ -28,12 +29,15 @@ from strata_core.reader import (
     Usage,
 )
 from strata_core.requests import BaseRequest, ChatRequest
-from strata_core.sampling import REQUEST_PARAMS, gen_options, max_new_tokens
+from strata_core.sampling import REQUEST_PARAMS, gen_options, max_new_tokens, resolve_seed
 from strata_core.text.chat import FALLBACK_TEMPLATE, ChatTemplate, TemplateError
 from strata_core.text.choice import ChatShape, ChoiceText, Delta, carry
 from strata_core.text.grammars import grammar_error, llguidance_grammar
 from strata_core.text.reasoning import prompt_opens_think
+from strata_core.text.structured import Constraint, constraint_for
 from strata_core.text.tools import call_grammar
+
+T = TypeVar("T")
 
 
 def service_of(request: Request) -> Service:
@@ -49,8 +53,31 @@ async def json_body(request: Request) -> Any:
         raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
 
 
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Run ``work``; cancel it (and so its engine requests) if the client goes away."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=0.5)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            raise ApiError(499, "client closed the request", code="client_closed")
+
+
 def engine_unavailable(why: object) -> ApiError:
     return ApiError(503, f"the engine is unavailable: {why}", type="server_error", code="engine_unavailable")
+
+
+@dataclass
+class ChatRun:
+    """One started chat choice: its pieces, the prompt's length, the seed it was given and
+    the response_format's constraint (None: free text)."""
+
+    pieces: AsyncIterator[Delta]
+    prompt_tokens: int
+    seed: int
+    constraint: Constraint | None
 
 
 @dataclass
@@ -171,8 +198,11 @@ class Service:
                            code="invalid_value")  # fmt: skip
         return proto.encode_grammar("lark", grammar)
 
-    def check_lengths(self, prompt: list[int], req: BaseRequest, param: str) -> int:
-        """The max_tokens to send; 400 when the prompt or the request exceed the context."""
+    def check_lengths(
+        self, prompt: list[int], req: BaseRequest, param: str, limit_param: str | None = None
+    ) -> int:
+        """The max_tokens to send; 400 when the prompt or the request exceed the context.
+        ``param`` names the prompt, ``limit_param`` the token limit (else the request's own)."""
         n_ctx, n = self.n_ctx, len(prompt)
         if n >= n_ctx:
             raise ApiError(
@@ -183,7 +213,9 @@ class Service:
             )
         max_new = max_new_tokens(req, self.config.sampling)
         if max_new is not None and n + max_new > n_ctx:
-            name = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
+            name = limit_param or (
+                "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
+            )
             raise ApiError(
                 400,
                 f"{name} = {max_new} does not fit: the prompt has {n} tokens and the "
@@ -192,6 +224,28 @@ class Service:
                 code="context_length_exceeded",
             )
         return max_new if max_new is not None else n_ctx - n
+
+    def constrain(self, req: BaseRequest, grammar: str | None) -> tuple[str | None, Constraint | None]:
+        """The grammar option of a choice and its response_format's constraint: a forced tool
+        call's ``grammar`` goes first, else the response_format's."""
+        constraint = constraint_for(req.response_format)
+        if constraint is not None and grammar is None:
+            grammar = constraint.gen_value()
+        return grammar, constraint
+
+    async def start_chat(self, req: ChatRequest, param: str, limit_param: str) -> ChatRun:
+        """The one choice of a chat request started, for the API families that answer with
+        one choice (Responses, Messages); ``param`` / ``limit_param`` are their names of
+        the conversation and the token limit, for errors."""
+        self.ready()
+        self.check_model(req.model)
+        prompt, shape = await self.chat_prompt(req)
+        grammar, constraint = self.constrain(req, self.tool_grammar(req))
+        seed = resolve_seed(req.seed)
+        max_new = self.check_lengths(prompt, req, param, limit_param)
+        opts = self.options(req, seed=seed, max_tokens=max_new, grammar=grammar)
+        pieces = self.start_choice(prompt, opts, req.stop_list(), shape=shape)
+        return ChatRun(pieces, len(prompt), seed, constraint)
 
     # ---- one choice -----------------------------------------------------------------------
 
@@ -284,6 +338,7 @@ class Service:
         finish = "stop" if choice.stopped or ev.reason != "length" else "length"
         self.metrics.finished(finish)
         tail.tool_calls = choice.tool_calls
+        tail.stop_sequence = choice.stop_sequence
         if finish == "stop" and tail.tool_calls:
             finish = "tool_calls"
         tail.finish, tail.usage = finish, usage

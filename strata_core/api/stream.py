@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +15,7 @@ from strata_core.errors import ApiError
 from strata_core.reader import EngineUnavailable, Usage
 from strata_core.text.choice import Delta, joined
 from strata_core.text.logprobs import Entry
+from strata_core.text.structured import Constraint, reconcile_choice
 from strata_core.text.tools import ToolCall
 
 
@@ -48,6 +50,12 @@ async def collect(it: AsyncIterator[Delta]) -> Collected:
                 whole.reasoning, whole.reasoning_entries or None, d.tool_calls,
             )  # fmt: skip
     raise EngineUnavailable("the engine ended the request without DONE")
+
+
+def reconciled(r: Collected, constraint: Constraint) -> Collected:
+    """A structured choice as returned: structured.reconcile_choice's content and entries."""
+    text, entries = reconcile_choice(r.text, r.entries, constraint.schema)
+    return dataclasses.replace(r, text=text, entries=entries)
 
 
 def logprobs_body(
