@@ -101,14 +101,23 @@ class SpeculativeConfig(_Section):
         return self
 
 
+class ResponsesConfig(_Section):
+    """The Responses API (/v1/responses)."""
+
+    #: Responses kept in memory for ``store: true`` and ``previous_response_id`` (the
+    #: oldest is dropped first); 0 keeps none, and both parameters are refused.
+    store_size: int = Field(default=256, ge=0, le=1_000_000)
+
+
 class Config(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
+    responses: ResponsesConfig = Field(default_factory=ResponsesConfig)
 
 
-SECTIONS = ("server", "engine", "sampling", "speculative")
+SECTIONS = ("server", "engine", "sampling", "speculative", "responses")
 #: Short environment names from the design, e.g. STRATA_BACKEND=cuda.
 ENV_SHORTHANDS = {"STRATA_BACKEND": ("engine", "backend"), "STRATA_MODEL": ("engine", "model")}
 

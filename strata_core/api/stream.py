@@ -30,6 +30,7 @@ class Collected:
     reasoning: str = ""
     reasoning_entries: list[Entry] | None = None
     tool_calls: list[ToolCall] | None = None
+    stop_sequence: str | None = None  # the stop string that ended it, if one did
 
     def choice(self, index: int, chat: bool) -> bodies.Choice:
         lp = logprobs_body(self.entries, chat, reasoning=self.reasoning_entries)
@@ -47,7 +48,7 @@ async def collect(it: AsyncIterator[Delta]) -> Collected:
         if d.finish is not None:
             return Collected(
                 whole.text, d.finish, d.usage or Usage(), whole.entries,
-                whole.reasoning, whole.reasoning_entries or None, d.tool_calls,
+                whole.reasoning, whole.reasoning_entries or None, d.tool_calls, d.stop_sequence,
             )  # fmt: skip
     raise EngineUnavailable("the engine ended the request without DONE")
 
