@@ -1,5 +1,5 @@
 """The FastAPI app: one Service, the routes of each API family, and what every route
-shares (start-up, the API key, OpenAI-shaped errors, health and metrics)."""
+shares (start-up, the API key, errors in the family's shape, health and metrics)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from strata_core.api import completions
+from strata_core.api import completions, messages, responses, tokenize
 from strata_core.api.service import Service
 from strata_core.errors import ApiError
 
@@ -31,18 +31,25 @@ def create_app(service: Service, on_ready: Callable[[], Awaitable[None]] | None 
         # A dependency, not a middleware: an HTTP middleware would wrap every streamed
         # chunk in an extra task hand-off.
         key = service.config.server.api_key
-        if key and request.url.path.startswith("/v1/"):
-            if request.headers.get("authorization") != f"Bearer {key}":
+        path = request.url.path
+        if key and (path.startswith("/v1/") or path in tokenize.PATHS):
+            given = {request.headers.get("authorization")}
+            if messages.owns(path):  # Anthropic's clients send the key as x-api-key
+                given.add(f"Bearer {request.headers.get('x-api-key')}")
+            if f"Bearer {key}" not in given:
                 raise ApiError(401, "invalid or missing API key", code="invalid_api_key",
                                type="authentication_error")  # fmt: skip
 
     app = FastAPI(title="Strata", lifespan=lifespan, dependencies=[Depends(auth)])
     app.state.service = service
-    app.include_router(completions.router)
+    app.state.responses = responses.ResponseStore(service.config.responses.store_size)
+    for family in (completions, responses, messages, tokenize):
+        app.include_router(family.router)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        body = messages.error_body(exc) if messages.owns(request.url.path) else exc.body()
+        return JSONResponse(body, status_code=exc.status)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

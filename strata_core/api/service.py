@@ -144,10 +144,12 @@ class Service:
 
     # ---- prompts --------------------------------------------------------------------------
 
-    async def tokenize(self, text: str) -> list[int]:
-        ids = await self.engine.tokenize(text, special=True)
+    async def tokenize(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
+        """``text``'s token ids (``special``: special tokens' text as those tokens), with
+        the model's BOS first when it wants one and ``add_bos``."""
+        ids = await self.engine.tokenize(text, special=special)
         bos = self.engine.info.get("bos")
-        if self.engine.info.get("add_bos") and bos is not None and (not ids or ids[0] != bos):
+        if add_bos and self.engine.info.get("add_bos") and bos is not None and (not ids or ids[0] != bos):
             ids.insert(0, bos)
         return ids
 
