@@ -73,11 +73,13 @@ ContentBlock = Annotated[
 
 class Message(Strict):
     role: Literal["user", "assistant"]
-    content: str | list[ContentBlock]
+    content: list[ContentBlock]  # text is one text block
 
     @field_validator("content", mode="before")
     @classmethod
     def _known_blocks(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [{"type": "text", "text": value}]
         for block in value if isinstance(value, list) else ():
             kind = block.get("type") if isinstance(block, dict) else None
             if kind not in BLOCK_KINDS:
@@ -94,8 +96,6 @@ class Message(Strict):
         return self
 
     def blocks(self) -> list[Any]:
-        if isinstance(self.content, str):
-            return [TextBlock(type="text", text=self.content)]
         return list(self.content)
 
 

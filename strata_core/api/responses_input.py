@@ -174,7 +174,7 @@ class ReasoningConfig(Strict):
 
 class ResponsesRequest(Strict):
     model: str | None = None
-    input: str | list[InputItem]
+    input: list[InputItem]  # text is one user message
     instructions: str | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: Temperature = None
@@ -196,6 +196,11 @@ class ResponsesRequest(Strict):
     def _refuse_unsupported(cls, data: Any) -> Any:
         return drop_unset(data, NOT_SUPPORTED)
 
+    @field_validator("input", mode="before")
+    @classmethod
+    def _text_input(cls, value: Any) -> Any:
+        return [{"role": "user", "content": value}] if isinstance(value, str) else value
+
     @field_validator("tools", mode="before")
     @classmethod
     def _function_tools_only(cls, value: Any) -> Any:
@@ -212,8 +217,7 @@ class ResponsesRequest(Strict):
         then this request's input; ``instructions`` are not part of it (a later response
         continuing it brings its own)."""
         out = [dict(m) for m in history]
-        items = [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else self.input
-        for item in items:
+        for item in self.input:
             add_item(out, item)
         return out
 
