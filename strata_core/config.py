@@ -220,6 +220,14 @@ class ClusterConfig(_Section):
         return self
 
 
+class ResponsesConfig(_Section):
+    """The Responses API (/v1/responses)."""
+
+    #: Responses kept in memory for ``store: true`` and ``previous_response_id`` (the
+    #: oldest is dropped first); 0 keeps none, and both parameters are refused.
+    store_size: int = Field(default=256, ge=0, le=1_000_000)
+
+
 class Config(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
@@ -227,6 +235,7 @@ class Config(_Section):
     speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    responses: ResponsesConfig = Field(default_factory=ResponsesConfig)
 
     def for_model(self, name: str) -> Config:
         """This configuration as one model's engine sees it: [models.NAME] over [engine]
@@ -266,7 +275,7 @@ def split_settings(split_mode: str, tensor_split: list[float] | None, main_gpu: 
     return _validate({"engine": keys}, "engine options").engine
 
 
-SECTIONS = ("server", "engine", "sampling", "speculative", "cluster")
+SECTIONS = ("server", "engine", "sampling", "speculative", "cluster", "responses")
 #: Short environment names from the design, e.g. STRATA_BACKEND=cuda.
 ENV_SHORTHANDS = {"STRATA_BACKEND": ("engine", "backend"), "STRATA_MODEL": ("engine", "model")}
 

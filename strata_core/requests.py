@@ -75,7 +75,7 @@ Penalty = Annotated[float | None, Field(ge=-2.0, le=2.0)]  # presence and freque
 RepetitionPenalty = Annotated[float | None, Field(gt=0.0, le=10.0)]
 
 
-def _drop_unset(data: Any, names: tuple[str, ...]) -> Any:
+def drop_unset(data: Any, names: tuple[str, ...]) -> Any:
     """Drop fields in ``names`` sent as null/false; refuse any other value for them."""
     if not isinstance(data, dict):
         return data
@@ -94,13 +94,13 @@ def _drop_unset(data: Any, names: tuple[str, ...]) -> Any:
     return data
 
 
-def _invalid(message: str, kind: str = "invalid_value") -> PydanticCustomError:
+def invalid(message: str, kind: str = "invalid_value") -> PydanticCustomError:
     return PydanticCustomError(kind, message)
 
 
 def _schema_size(value: dict[str, Any] | None) -> dict[str, Any] | None:
     if value is not None and len(text := json.dumps(value)) > MAX_SCHEMA_CHARS:
-        raise _invalid(f"a schema is at most {MAX_SCHEMA_CHARS} characters of JSON, got {len(text)}")
+        raise invalid(f"a schema is at most {MAX_SCHEMA_CHARS} characters of JSON, got {len(text)}")
     return value
 
 
@@ -115,6 +115,10 @@ def _is_number(value: Any) -> bool:
 class _Strict(BaseModel):
     # strict: "0.7" is not a number and 1 is not true; floats must be finite.
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+#: The base of every request model, also the other API families' (api/responses_input.py ...).
+Strict = _Strict
 
 
 class StreamOptions(_Strict):
@@ -140,7 +144,7 @@ class ResponseFormat(_Strict):
     @model_validator(mode="after")
     def _schema_iff_json_schema(self) -> ResponseFormat:
         if (self.type == "json_schema") != (self.json_schema is not None):
-            raise _invalid('json_schema is required with type "json_schema", and only there')
+            raise invalid('json_schema is required with type "json_schema", and only there')
         return self
 
 
@@ -154,7 +158,7 @@ _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 def _tool_name(value: str) -> str:
     if not _TOOL_NAME.fullmatch(value):
-        raise _invalid("a function name is 1 to 64 letters, digits, underscores or dashes")
+        raise invalid("a function name is 1 to 64 letters, digits, underscores or dashes")
     return value
 
 
@@ -189,7 +193,7 @@ class ChatMessage(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _refuse_later_work(cls, data: Any) -> Any:
-        return _drop_unset(data, MESSAGE_NOT_YET_SUPPORTED)
+        return drop_unset(data, MESSAGE_NOT_YET_SUPPORTED)
 
     @field_validator("content", mode="plain", json_schema_input_type=str | list[TextPart] | None)
     @classmethod
@@ -197,16 +201,16 @@ class ChatMessage(_Strict):
         if value is None:
             role = info.data.get("role")
             if role is not None and role != "assistant":
-                raise _invalid(f"content is required for role '{role}'")
+                raise invalid(f"content is required for role '{role}'")
             return None
         if isinstance(value, str):
             return value
         if not isinstance(value, list):
-            raise _invalid("expected a string or a list of text parts", "invalid_type")
+            raise invalid("expected a string or a list of text parts", "invalid_type")
         parts = []
         for part in value:
             if not isinstance(part, dict):
-                raise _invalid("expected content parts to be objects", "invalid_type")
+                raise invalid("expected content parts to be objects", "invalid_type")
             kind = part.get("type")
             if kind != "text":
                 raise PydanticCustomError(
@@ -215,7 +219,7 @@ class ChatMessage(_Strict):
                     {"kind": repr(kind)},
                 )
             if set(part) != {"type", "text"} or not isinstance(part["text"], str):
-                raise _invalid('expected text parts of the form {"type": "text", "text": "..."}')
+                raise invalid('expected text parts of the form {"type": "text", "text": "..."}')
             parts.append(TextPart(type="text", text=part["text"]))
         return parts
 
@@ -245,11 +249,11 @@ class ChatMessage(_Strict):
     @model_validator(mode="after")
     def _tool_fields(self) -> ChatMessage:
         if self.tool_calls and self.role != "assistant":
-            raise _invalid("tool_calls are only allowed on assistant messages")
+            raise invalid("tool_calls are only allowed on assistant messages")
         if self.role == "tool" and not self.tool_call_id:
-            raise _invalid("a tool message needs the tool_call_id of the call it answers")
+            raise invalid("a tool message needs the tool_call_id of the call it answers")
         if self.tool_call_id is not None and self.role != "tool":
-            raise _invalid("tool_call_id is only allowed on tool messages")
+            raise invalid("tool_call_id is only allowed on tool messages")
         return self
 
 
@@ -284,7 +288,7 @@ class BaseRequest(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _refuse_later_work(cls, data: Any) -> Any:
-        return _drop_unset(data, NOT_YET_SUPPORTED)
+        return drop_unset(data, NOT_YET_SUPPORTED)
 
     @field_validator("allowed_token_ids", mode="plain", json_schema_input_type=list[int] | None)
     @classmethod
@@ -292,11 +296,11 @@ class BaseRequest(_Strict):
         if value is None:
             return None
         if not isinstance(value, list) or not all(_is_int(t) for t in value):
-            raise _invalid("expected a list of token ids (integers)", "invalid_type")
+            raise invalid("expected a list of token ids (integers)", "invalid_type")
         if not value:
-            raise _invalid("expected at least one token id (leave it out to allow every token)")
+            raise invalid("expected at least one token id (leave it out to allow every token)")
         if min(value) < 0:
-            raise _invalid(f"token ids must be non-negative, got {min(value)}")
+            raise invalid(f"token ids must be non-negative, got {min(value)}")
         return list(dict.fromkeys(value))
 
     @field_validator("n", "stream", mode="before")
@@ -313,18 +317,18 @@ class BaseRequest(_Strict):
             return None
         items = [value] if isinstance(value, str) else value
         if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
-            raise _invalid("expected a string or a list of strings", "invalid_type")
+            raise invalid("expected a string or a list of strings", "invalid_type")
         if len(items) > MAX_STOP:
-            raise _invalid(f"expected at most {MAX_STOP} stop strings, got {len(items)}")
+            raise invalid(f"expected at most {MAX_STOP} stop strings, got {len(items)}")
         if not all(items):
-            raise _invalid("stop strings must not be empty")
+            raise invalid("stop strings must not be empty")
         return value  # type: ignore[no-any-return]
 
     @field_validator("stream_options")
     @classmethod
     def _stream_options(cls, value: StreamOptions | None, info: ValidationInfo) -> Any:
         if value is not None and info.data.get("stream") is False:
-            raise _invalid("stream_options is only allowed when stream is true")
+            raise invalid("stream_options is only allowed when stream is true")
         return value
 
     @field_validator("seed")
@@ -348,7 +352,7 @@ class BaseRequest(_Strict):
         if value is None:
             return None
         if not isinstance(value, dict):
-            raise _invalid("expected an object mapping token ids to biases", "invalid_type")
+            raise invalid("expected an object mapping token ids to biases", "invalid_type")
         out: dict[int, float] = {}
         for key, bias in value.items():
             if _is_int(key) and key >= 0:
@@ -356,13 +360,13 @@ class BaseRequest(_Strict):
             elif isinstance(key, str) and _TOKEN_ID.fullmatch(key):
                 token = int(key)
             else:
-                raise _invalid(f"keys must be token ids (non-negative integers), got {key!r}")
+                raise invalid(f"keys must be token ids (non-negative integers), got {key!r}")
             if token in out:
-                raise _invalid(f"token id {token} appears more than once")
+                raise invalid(f"token id {token} appears more than once")
             if not _is_number(bias) or not math.isfinite(bias):
-                raise _invalid(f"bias for token {token} must be a finite number")
+                raise invalid(f"bias for token {token} must be a finite number")
             if not -MAX_BIAS <= bias <= MAX_BIAS:
-                raise _invalid(f"bias for token {token} must be in -100..100, got {bias!r}")
+                raise invalid(f"bias for token {token} must be in -100..100, got {bias!r}")
             out[token] = float(bias)
         return out
 
@@ -382,7 +386,7 @@ class BaseRequest(_Strict):
 
 def _top_count(value: int) -> int:
     if not 0 <= value <= MAX_ALTERNATIVES:
-        raise _invalid(f"expected an integer in 0..{MAX_ALTERNATIVES}, got {value}")
+        raise invalid(f"expected an integer in 0..{MAX_ALTERNATIVES}, got {value}")
     return value
 
 
@@ -442,11 +446,11 @@ class ChatRequest(BaseRequest):
         if value is None:
             return None
         if not value:
-            raise _invalid("expected at least one tool (leave tools out for none)")
+            raise invalid("expected at least one tool (leave tools out for none)")
         names = [t.function.name for t in value]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
-            raise _invalid(f"function names must be unique; {twice[0]!r} appears more than once")
+            raise invalid(f"function names must be unique; {twice[0]!r} appears more than once")
         return value
 
     @field_validator("tool_choice", mode="plain", json_schema_input_type=ToolChoice | None)
@@ -458,11 +462,11 @@ class ChatRequest(BaseRequest):
             try:
                 value = NamedToolChoice.model_validate(value)
             except ValidationError:
-                raise _invalid(
+                raise invalid(
                     'expected {"type": "function", "function": {"name": "..."}}', "invalid_type"
                 ) from None
         elif value not in ("none", "auto", "required"):
-            raise _invalid(
+            raise invalid(
                 "expected 'none', 'auto', 'required' or "
                 '{"type": "function", "function": {"name": "..."}}'
             )
@@ -470,17 +474,17 @@ class ChatRequest(BaseRequest):
             return value  # tools itself failed; that error is reported
         tools = info.data.get("tools")
         if not tools:
-            raise _invalid("tool_choice is only allowed when tools are given")
+            raise invalid("tool_choice is only allowed when tools are given")
         fmt = info.data.get("response_format")
         if value == "required" or isinstance(value, NamedToolChoice):
             if fmt is not None and fmt.type != "text":
-                raise _invalid(
+                raise invalid(
                     "a forced tool call and response_format both constrain the reply; send one"
                 )
         if isinstance(value, NamedToolChoice):
             names = [t.function.name for t in tools]
             if value.function.name not in names:
-                raise _invalid(
+                raise invalid(
                     f"names the function {value.function.name!r}, which is not among "
                     f"the tools ({', '.join(names)})"
                 )
@@ -493,12 +497,12 @@ class ChatRequest(BaseRequest):
             return None
         for key in value:
             if key in RESERVED_TEMPLATE_KWARGS:
-                raise _invalid(
+                raise invalid(
                     f"{key!r} cannot be set here: the server passes it to the template "
                     f"(send it as its own parameter)"
                 )
             if not key.isidentifier():
-                raise _invalid(f"{key!r} is not a template variable name")
+                raise invalid(f"{key!r} is not a template variable name")
         return value
 
     def tool_mode(self) -> Literal["none", "auto", "required", "named"]:
@@ -523,7 +527,7 @@ class ChatRequest(BaseRequest):
         if value is None or isinstance(value, bool):
             return value
         if not _is_int(value):
-            raise _invalid("expected true, false or an integer (taken as top_logprobs)", "invalid_type")
+            raise invalid("expected true, false or an integer (taken as top_logprobs)", "invalid_type")
         return _top_count(value)
 
     @field_validator("top_logprobs", mode="plain", json_schema_input_type=int | None)
@@ -532,13 +536,13 @@ class ChatRequest(BaseRequest):
         if value is None:
             return None
         if not _is_int(value):
-            raise _invalid(f"expected an integer in 0..{MAX_ALTERNATIVES}", "invalid_type")
+            raise invalid(f"expected an integer in 0..{MAX_ALTERNATIVES}", "invalid_type")
         _top_count(value)
         asked = info.data.get("logprobs")
         if asked is None or asked is False:
-            raise _invalid("top_logprobs needs logprobs: true (send both, or leave it out)")
+            raise invalid("top_logprobs needs logprobs: true (send both, or leave it out)")
         if not isinstance(asked, bool) and asked != value:
-            raise _invalid(f"top_logprobs ({value}) and logprobs ({asked}) disagree; send one")
+            raise invalid(f"top_logprobs ({value}) and logprobs ({asked}) disagree; send one")
         return value
 
     def logprob_alternatives(self) -> int | None:
@@ -553,7 +557,7 @@ class ChatRequest(BaseRequest):
     def _same_limit(cls, value: int | None, info: ValidationInfo) -> int | None:
         other = info.data.get("max_tokens")
         if value is not None and other is not None and value != other:
-            raise _invalid(
+            raise invalid(
                 f"max_completion_tokens ({value}) and max_tokens ({other}) disagree; send one"
             )
         return value
@@ -569,11 +573,11 @@ Prompt = str | list[str] | list[int] | list[list[int]]
 
 def _token_ids(value: list[Any]) -> list[int]:
     if not value:
-        raise _invalid("a list of token ids must not be empty")
+        raise invalid("a list of token ids must not be empty")
     if not all(_is_int(t) for t in value):
-        raise _invalid("expected every token id to be an integer", "invalid_type")
+        raise invalid("expected every token id to be an integer", "invalid_type")
     if min(value) < 0:
-        raise _invalid("token ids must be non-negative")
+        raise invalid("token ids must be non-negative")
     return value
 
 
@@ -588,7 +592,7 @@ class CompletionRequest(BaseRequest):
         if value is None or value is False:  # false: "not asked", as some clients send it
             return None
         if not _is_int(value):
-            raise _invalid(f"expected an integer in 0..{MAX_ALTERNATIVES}", "invalid_type")
+            raise invalid(f"expected an integer in 0..{MAX_ALTERNATIVES}", "invalid_type")
         return _top_count(value)
 
     @field_validator("echo")
@@ -610,19 +614,19 @@ class CompletionRequest(BaseRequest):
     def _prompt(cls, value: Any) -> Prompt:
         if isinstance(value, str):
             if not value:
-                raise _invalid("prompt must not be empty")
+                raise invalid("prompt must not be empty")
             return value
         if not isinstance(value, list):
-            raise _invalid(
+            raise invalid(
                 "expected a string, a list of strings, a list of token ids "
                 "or a list of lists of token ids",
                 "invalid_type",
             )
         if not value:
-            raise _invalid("prompt must not be empty")
+            raise invalid("prompt must not be empty")
         if all(isinstance(p, str) for p in value):
             if not all(value):
-                raise _invalid("prompt strings must not be empty")
+                raise invalid("prompt strings must not be empty")
             return value
         if all(isinstance(p, list) for p in value):
             return [_token_ids(p) for p in value]
@@ -641,7 +645,7 @@ def _json_kind(value: Any) -> str:
     return "an array" if isinstance(value, list) else type(value).__name__
 
 
-RequestT = TypeVar("RequestT", bound=BaseRequest)
+RequestT = TypeVar("RequestT", bound=_Strict)
 
 
 def parse_request(model_cls: type[RequestT], body: Any) -> RequestT:

@@ -61,6 +61,21 @@ def server(cpu_engine: EngineBuild, default_model: Path, tmp_path_factory: pytes
         yield srv
 
 
+@pytest.fixture(scope="session")
+def tools_server(cpu_engine: EngineBuild, default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The default model carrying a Hermes/Qwen style template that shows it tools and, with
+    ``enable_thinking``, opens ``<think>`` (test_tools_e2e.TOOLS_TEMPLATE)."""
+    from test_tools_e2e import TOOLS_TEMPLATE
+
+    from strata_core.testing.models import write_with_template
+
+    d = tmp_path_factory.mktemp("tools")
+    model = d / "smollm2-tools.gguf"
+    write_with_template(default_model, model, TOOLS_TEMPLATE)
+    with Server(["--backend", "cpu", "--model", str(model), "--parallel", "4", "--n-ctx", "2048"], d / "server.log") as srv:
+        yield srv
+
+
 @pytest.fixture()
 def client(server: Server):  # type: ignore[no-untyped-def]
     import openai

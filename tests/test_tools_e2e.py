@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,17 +92,6 @@ AGAIN = [
     {"role": "assistant", "content": CALL_TEXT},
     {"role": "user", "content": "Again, exactly."},
 ]
-
-
-@pytest.fixture(scope="module")
-def tools_server(
-    cpu_engine: EngineBuild, default_model: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
-    d = tmp_path_factory.mktemp("tools")
-    model = d / "smollm2-tools.gguf"
-    write_with_template(default_model, model, TOOLS_TEMPLATE)
-    with Server(["--backend", "cpu", "--model", str(model), "--parallel", "4", "--n-ctx", "2048"], d / "server.log") as srv:
-        yield srv
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
-"""The FastAPI app: the served models (a ModelPool of Services), the routes of each API family, and what every route
-shares (start-up, the API key, OpenAI-shaped errors, health and metrics)."""
+"""The FastAPI app: the served models (a ModelPool of Services), the routes of each API
+family, and what every route shares (start-up, the API key, errors in the family's
+shape, health and metrics)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
 
-from strata_core.api import completions
+from strata_core.api import completions, messages, responses, tokenize
 from strata_core.api.openapi import COMMON_ERRORS, document
 from strata_core.api.pool import ModelPool
 from strata_core.api.service import engine_unavailable
@@ -45,31 +46,34 @@ def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None =
         # A dependency, not a middleware: an HTTP middleware would wrap every streamed
         # chunk in an extra task hand-off.
         key = config.server.api_key
-        if key and request.url.path.startswith("/v1/") and not key_matches(request, key):
+        path = request.url.path
+        if key and (path.startswith("/v1/") or path in tokenize.PATHS) and not key_matches(request, key):
             raise ApiError(401, "invalid or missing API key (send Authorization: Bearer <key> or "
                            "x-api-key: <key>)", code="invalid_api_key", type="authentication_error")  # fmt: skip
 
     app = FastAPI(title="Strata", lifespan=lifespan, dependencies=[Depends(auth)], responses=COMMON_ERRORS)
     app.state.pool = pool
     app.state.server_config = config.server
-    app.include_router(completions.router)
+    app.state.responses = responses.ResponseStore(config.responses.store_size)
+    for family in (completions, responses, messages, tokenize):
+        app.include_router(family.router)
 
     app.openapi = lambda: document(app)  # type: ignore[method-assign]
 
     # Every failure is an OpenAI error object (docs/reliability.md, "What each failure answers").
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc)
+        return error_response(request, exc)
 
     @app.exception_handler(EngineUnavailable)
     async def engine_gone(request: Request, exc: EngineUnavailable) -> JSONResponse:
-        return error_response(engine_unavailable(exc))
+        return error_response(request, engine_unavailable(exc))
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         code = HTTP_CODES.get(exc.status_code, "http_error")
         message = f"{exc.detail}: {request.method} {request.url.path}"
-        return error_response(ApiError(exc.status_code, message, code=code, headers=dict(exc.headers or {})))
+        return error_response(request, ApiError(exc.status_code, message, code=code, headers=dict(exc.headers or {})))
 
     @app.exception_handler(Exception)
     async def bug(request: Request, exc: Exception) -> JSONResponse:
@@ -78,7 +82,7 @@ def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None =
         if service is not None:
             service.metrics.internal_errors.inc()
         log.error("internal error in %s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
-        return error_response(internal_error(exc))
+        return error_response(request, internal_error(exc))
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -128,6 +132,8 @@ def key_matches(request: Request, key: str) -> bool:
     return any(hmac.compare_digest(s.encode(), want) for s in sent)
 
 
-def error_response(exc: ApiError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+def error_response(request: Request, exc: ApiError) -> JSONResponse:
+    """The error in the shape of the request's API family (Anthropic's on its routes)."""
+    body = messages.error_body(exc) if messages.owns(request.url.path) else exc.body()
+    return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 

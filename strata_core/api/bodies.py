@@ -164,3 +164,8 @@ def usage_chunk(rid: str, model: str, created: int, obj: str, usage: Usage) -> d
 def sse(data: dict[str, Any] | str) -> bytes:
     payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
     return f"data: {payload}\n\n".encode()
+
+
+def event_sse(kind: str, data: dict[str, Any]) -> bytes:
+    """An SSE event that names its type (the Responses and Messages APIs' streams)."""
+    return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()

@@ -5,25 +5,20 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-from collections.abc import Awaitable
-from typing import TypeVar, cast
+from typing import cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from strata_core.api import bodies, openapi
-from strata_core.api.service import Service, engine_unavailable, json_body, service_for
-from strata_core.api.stream import Collected, collect, sse_stream, timed_out
-from strata_core.errors import ApiError
+from strata_core.api.service import Service, engine_unavailable, json_body, service_for, until_done
+from strata_core.api.stream import collect, reconciled, sse_stream
 from strata_core.reader import EngineUnavailable, Usage
 from strata_core.requests import BaseRequest, ChatRequest, CompletionRequest, parse_request
 from strata_core.sampling import resolve_seed
 from strata_core.text.choice import ChatShape
 from strata_core.text.detokenize import decode
-from strata_core.text.structured import Constraint, constraint_for, reconcile_choice
 
-T = TypeVar("T")
 router = APIRouter()
 
 
@@ -78,9 +73,7 @@ async def respond(
     """Run every choice of ``req`` (``n`` per prompt) and answer: a chat when ``shape``
     is given (``param`` is ``messages``), else a completion."""
     chat = isinstance(req, ChatRequest)
-    constraint = constraint_for(req.response_format)
-    if constraint is not None and grammar is None:  # a forced tool call's grammar goes first
-        grammar = constraint.gen_value()
+    grammar, constraint = service.constrain(req, grammar)
     seed = resolve_seed(req.seed)
     max_new = [service.check_lengths(p, req, param) for p in prompts]
     rid = bodies.new_id("chatcmpl" if chat else "cmpl")
@@ -107,7 +100,7 @@ async def respond(
     for i, r in enumerate(results):
         usage.add_choice(r.usage, first_of_prompt=i % req.n == 0)
     if constraint is not None and not echoes:  # an echoed prompt is not part of the value
-        results = [_reconciled(r, constraint) for r in results]
+        results = [reconciled(r, constraint) for r in results]
     choices = [r.choice(i, chat) for i, r in enumerate(results)]
     build = bodies.chat_response if chat else bodies.completion_response
     return JSONResponse(build(rid, service.model_id, choices, usage, seed), headers=headers)
@@ -121,35 +114,3 @@ def seed_for_choice(seed: int, i: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
     return x ^ (x >> 31)
-
-
-async def until_done(request: Request, work: Awaitable[T], timeout: float | None) -> T:
-    """Run ``work``; cancel it (and so its engine requests) when the client goes away (499)
-    or after ``timeout`` seconds (504). Whatever ends, both tasks are awaited."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(disconnected(request))
-    try:
-        await asyncio.wait({task, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        finished = task.done()
-        for t in (task, gone):
-            t.cancel()
-        await asyncio.gather(task, gone, return_exceptions=True)
-    if finished:
-        return task.result()
-    if gone.done() and not gone.cancelled():
-        raise ApiError(499, "client closed the request", code="client_closed")
-    raise timed_out(timeout)
-
-
-async def disconnected(request: Request) -> None:
-    """Return when the client hangs up. The body has been read, so the server's next
-    message is the disconnect."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-def _reconciled(r: Collected, constraint: Constraint) -> Collected:
-    """A structured choice as returned: structured.reconcile_choice's content and entries."""
-    text, entries = reconcile_choice(r.text, r.entries, constraint.schema)
-    return dataclasses.replace(r, text=text, entries=entries)

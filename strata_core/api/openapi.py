@@ -13,7 +13,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from strata_core import __version__
-from strata_core.requests import BaseRequest, ChatRequest, CompletionRequest
+from strata_core.requests import ChatRequest, CompletionRequest
 
 REF = "#/components/schemas/{model}"
 
@@ -82,21 +82,38 @@ SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"ty
 
 REPLIES = {ChatRequest: _reply("chat.completion"), CompletionRequest: _reply("text_completion")}
 
+#: Anthropic's error object, which the Messages routes answer with.
+ANTHROPIC_ERROR = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {"type": {"const": "error"},
+                   "error": {"type": "object", "required": ["type", "message"]}},
+}  # fmt: skip
 
-def route(model: type[BaseRequest], what: str) -> dict[str, Any]:
-    """A completion route's OpenAPI details: ``model`` as its body, its replies and errors."""
-    ok = {
-        "description": f"{what}, or with stream true its SSE chunks ending with [DONE]",
-        "content": {
-            "application/json": {"schema": REPLIES[model]},
-            "text/event-stream": {"schema": SSE_EVENT},
-        },
-    }
+#: Request models that ``route`` was given, for ``document`` to put among the components.
+_BODIES: list[type[BaseModel]] = [ChatRequest, CompletionRequest]
+
+
+def route(model: type[BaseModel], what: str, reply: dict[str, Any] | None = None, stream: bool = True,
+          anthropic: bool = False) -> dict[str, Any]:  # fmt: skip
+    """A POST route's OpenAPI details: ``model`` as its body, its reply (``reply``'s outline,
+    else the completion routes'; with ``stream``, SSE events too) and its errors (OpenAI
+    error objects, or with ``anthropic`` Anthropic's)."""
+    if model not in _BODIES:
+        _BODIES.append(model)
+    content: dict[str, Any] = {"application/json": {"schema": reply or REPLIES[model]}}
+    if stream:
+        content["text/event-stream"] = {"schema": SSE_EVENT}
+    ok = {"description": what + (", or with stream true its SSE events" if stream else ""), "content": content}
     body = {"required": True, "content": {"application/json": {"schema": {"$ref": REF.format(model=model.__name__)}}}}
+    errors = REQUEST_ERRORS
+    if anthropic:  # every status, so that none falls back to the app's OpenAI-shaped ones
+        shape = {"application/json": {"schema": ANTHROPIC_ERROR}}
+        errors = {code: {**e, "content": shape} for code, e in {**COMMON_ERRORS, **REQUEST_ERRORS}.items()}
     return {
         "summary": f"Create {what}",
         "openapi_extra": {"requestBody": body},
-        "responses": {200: ok, **REQUEST_ERRORS},
+        "responses": {200: ok, **errors},
     }
 
 
@@ -105,7 +122,7 @@ def document(app: FastAPI) -> dict[str, Any]:
     if app.openapi_schema is None:
         spec = get_openapi(title=app.title, version=__version__, routes=app.routes)
         schemas = spec.setdefault("components", {}).setdefault("schemas", {})
-        models: tuple[type[BaseModel], ...] = (ErrorBody, ChatRequest, CompletionRequest)
+        models: list[type[BaseModel]] = [ErrorBody, *_BODIES]
         for model in models:
             schema = model.model_json_schema(ref_template=REF)
             schemas.update(schema.pop("$defs", {}))

@@ -5,17 +5,19 @@ turns its request into these calls and their pieces into its bodies."""
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
 
 from strata_core import protocol as proto
 from strata_core.api.limits import queue_full, read_json
 from strata_core.api.metrics import Metrics
+from strata_core.api.stream import timed_out
 from strata_core.config import Config
 from strata_core.errors import ApiError
 from strata_core.options import GenOptions, OptionError
@@ -28,12 +30,15 @@ from strata_core.reader import (
     Usage,
 )
 from strata_core.requests import BaseRequest, ChatRequest
-from strata_core.sampling import REQUEST_PARAMS, gen_options, max_new_tokens
+from strata_core.sampling import REQUEST_PARAMS, gen_options, max_new_tokens, resolve_seed
 from strata_core.text.chat import FALLBACK_TEMPLATE, ChatTemplate, TemplateError
 from strata_core.text.choice import ChatShape, ChoiceText, Delta, carry
 from strata_core.text.grammars import grammar_error, llguidance_grammar
 from strata_core.text.reasoning import prompt_opens_think
+from strata_core.text.structured import Constraint, constraint_for
 from strata_core.text.tools import call_grammar
+
+T = TypeVar("T")
 
 
 async def service_for(request: Request, model: str | None) -> Service:
@@ -48,8 +53,45 @@ async def json_body(request: Request) -> Any:
     return await read_json(request, request.app.state.server_config)
 
 
+async def until_done(request: Request, work: Awaitable[T], timeout: float | None) -> T:
+    """Run ``work``; cancel it (and so its engine requests) when the client goes away (499)
+    or after ``timeout`` seconds (504). Whatever ends, both tasks are awaited."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        finished = task.done()
+        for t in (task, gone):
+            t.cancel()
+        await asyncio.gather(task, gone, return_exceptions=True)
+    if finished:
+        return task.result()
+    if gone.done() and not gone.cancelled():
+        raise ApiError(499, "client closed the request", code="client_closed")
+    raise timed_out(timeout)
+
+
+async def disconnected(request: Request) -> None:
+    """Return when the client hangs up. The body has been read, so the server's next
+    message is the disconnect."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def engine_unavailable(why: object) -> ApiError:
     return ApiError(503, f"the engine is unavailable: {why}", type="server_error", code="engine_unavailable")
+
+
+@dataclass
+class ChatRun:
+    """One started chat choice: its pieces, the prompt's length, the seed it was given and
+    the response_format's constraint (None: free text)."""
+
+    pieces: AsyncIterator[Delta]
+    prompt_tokens: int
+    seed: int
+    constraint: Constraint | None
 
 
 @dataclass
@@ -129,10 +171,12 @@ class Service:
 
     # ---- prompts --------------------------------------------------------------------------
 
-    async def tokenize(self, text: str) -> list[int]:
-        ids = await self.engine.tokenize(text, special=True)
+    async def tokenize(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
+        """``text``'s token ids (``special``: special tokens' text as those tokens), with
+        the model's BOS first when it wants one and ``add_bos``."""
+        ids = await self.engine.tokenize(text, special=special)
         bos = self.engine.info.get("bos")
-        if self.engine.info.get("add_bos") and bos is not None and (not ids or ids[0] != bos):
+        if add_bos and self.engine.info.get("add_bos") and bos is not None and (not ids or ids[0] != bos):
             ids.insert(0, bos)
         return ids
 
@@ -183,8 +227,11 @@ class Service:
                            code="invalid_value")  # fmt: skip
         return proto.encode_grammar("lark", grammar)
 
-    def check_lengths(self, prompt: list[int], req: BaseRequest, param: str) -> int:
-        """The max_tokens to send; 400 when the prompt or the request exceed the context."""
+    def check_lengths(
+        self, prompt: list[int], req: BaseRequest, param: str, limit_param: str | None = None
+    ) -> int:
+        """The max_tokens to send; 400 when the prompt or the request exceed the context.
+        ``param`` names the prompt, ``limit_param`` the token limit (else the request's own)."""
         n_ctx, n = self.n_ctx, len(prompt)
         if n >= n_ctx:
             raise ApiError(
@@ -195,7 +242,9 @@ class Service:
             )
         max_new = max_new_tokens(req, self.config.sampling)
         if max_new is not None and n + max_new > n_ctx:
-            name = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
+            name = limit_param or (
+                "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
+            )
             raise ApiError(
                 400,
                 f"{name} = {max_new} does not fit: the prompt has {n} tokens and the "
@@ -204,6 +253,27 @@ class Service:
                 code="context_length_exceeded",
             )
         return max_new if max_new is not None else n_ctx - n
+
+    def constrain(self, req: BaseRequest, grammar: str | None) -> tuple[str | None, Constraint | None]:
+        """The grammar option of a choice and its response_format's constraint: a forced tool
+        call's ``grammar`` goes first, else the response_format's."""
+        constraint = constraint_for(req.response_format)
+        if constraint is not None and grammar is None:
+            grammar = constraint.gen_value()
+        return grammar, constraint
+
+    async def start_chat(self, req: ChatRequest, param: str, limit_param: str) -> ChatRun:
+        """The one choice of a chat request started, for the API families that answer with
+        one choice (Responses, Messages); ``param`` / ``limit_param`` are their names of
+        the conversation and the token limit, for errors."""
+        self.ready()
+        prompt, shape = await self.chat_prompt(req)
+        grammar, constraint = self.constrain(req, self.tool_grammar(req))
+        seed = resolve_seed(req.seed)
+        max_new = self.check_lengths(prompt, req, param, limit_param)
+        opts = self.options(req, seed=seed, max_tokens=max_new, grammar=grammar)
+        pieces = self.start_choice(prompt, opts, req.stop_list(), shape=shape)
+        return ChatRun(pieces, len(prompt), seed, constraint)
 
     # ---- one choice -----------------------------------------------------------------------
 
@@ -296,6 +366,7 @@ class Service:
         finish = "stop" if choice.stopped or ev.reason != "length" else "length"
         self.metrics.finished(finish)
         tail.tool_calls = choice.tool_calls
+        tail.stop_sequence = choice.stop_sequence
         if finish == "stop" and tail.tool_calls:
             finish = "tool_calls"
         tail.finish, tail.usage = finish, usage

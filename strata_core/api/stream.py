@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from strata_core.errors import ApiError, internal_error
 from strata_core.reader import EngineUnavailable, Usage
 from strata_core.text.choice import Delta, joined
 from strata_core.text.logprobs import Entry
+from strata_core.text.structured import Constraint, reconcile_choice
 from strata_core.text.tools import ToolCall
 
 log = logging.getLogger("strata.api")
@@ -37,6 +39,7 @@ class Collected:
     reasoning: str = ""
     reasoning_entries: list[Entry] | None = None
     tool_calls: list[ToolCall] | None = None
+    stop_sequence: str | None = None  # the stop string that ended it, if one did
 
     def choice(self, index: int, chat: bool) -> bodies.Choice:
         lp = logprobs_body(self.entries, chat, reasoning=self.reasoning_entries)
@@ -54,9 +57,15 @@ async def collect(it: AsyncIterator[Delta]) -> Collected:
         if d.finish is not None:
             return Collected(
                 whole.text, d.finish, d.usage or Usage(), whole.entries,
-                whole.reasoning, whole.reasoning_entries or None, d.tool_calls,
+                whole.reasoning, whole.reasoning_entries or None, d.tool_calls, d.stop_sequence,
             )  # fmt: skip
     raise EngineUnavailable("the engine ended the request without DONE")
+
+
+def reconciled(r: Collected, constraint: Constraint) -> Collected:
+    """A structured choice as returned: structured.reconcile_choice's content and entries."""
+    text, entries = reconcile_choice(r.text, r.entries, constraint.schema)
+    return dataclasses.replace(r, text=text, entries=entries)
 
 
 def logprobs_body(

@@ -20,7 +20,8 @@ class Delta:
     deltas. ``entries`` / ``reasoning_entries``: when logprobs were asked for, the entries
     handed out with this piece (logprobs.Span's rule: over the whole choice they spell
     its content / its reasoning); else None. ``tool_calls``: on the last piece, the
-    choice's calls whole when tool calls were parsed, else None.
+    choice's calls whole when tool calls were parsed, else None; ``stop_sequence``: on the
+    last piece, the stop string that ended the reply, if one did.
     """
 
     text: str
@@ -31,6 +32,7 @@ class Delta:
     reasoning_entries: list[Entry] | None = None
     calls: list[CallDelta] = field(default_factory=list)
     tool_calls: list[ToolCall] | None = None
+    stop_sequence: str | None = None
 
     def shows(self) -> bool:
         return bool(self.text or self.reasoning or self.calls)
@@ -75,6 +77,11 @@ class ChoiceText:
     @property
     def tool_calls(self) -> list[ToolCall] | None:
         return None if self._tools is None else self._tools.calls
+
+    @property
+    def stop_sequence(self) -> str | None:
+        """The stop string that ended the reply, if one did."""
+        return self._matcher.matched if self._matcher.stopped else None
 
     def push(self, *events: TokenEvent) -> Delta:
         """Take the next tokens: the reply now safe to show and the entries that go with it."""

@@ -43,16 +43,21 @@ class StopMatcher:
     ``push(text)`` returns ``(safe, stopped)``: the text that can be shown now, and
     whether a stop string ended the reply (its text and what follows are dropped).
     ``flush()`` returns the held tail at the end, cut at a stop it holds; ``stopped``
-    says whether either of them found one.
+    says whether either of them found one, and ``matched`` which stop string it was.
     """
 
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = [s for s in stops if s]
         self.held = ""
         self.stopped = False
+        self.matched: str | None = None
 
     def _first(self, buf: str) -> int | None:
-        return min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=None)
+        found = [(i, s) for s in self.stops if (i := buf.find(s)) >= 0]
+        if not found:
+            return None
+        at, self.matched = min(found, key=lambda f: (f[0], -len(f[1])))
+        return at
 
     def push(self, text: str) -> tuple[str, bool]:
         if not self.stops:
