@@ -9,29 +9,16 @@ real drafts.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from strata_core.build import EngineBuild
+from strata_core.testing.harness import run_engine_script as run_script
 
 pytestmark = pytest.mark.slow
 
-
-def run_script(script: str, engine: EngineBuild, model: Path) -> Any:
-    """Run ``script`` (with MODEL set) where the engine's libllama is importable (it must
-    load before numpy, so in a process of its own); the JSON its last line prints."""
-    env = {**os.environ, "PYTHONPATH": f"{engine.path}{os.pathsep}{Path(__file__).parents[1]}"}
-    code = f"MODEL = {str(model)!r}\n{script}"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 SCRIPT = textwrap.dedent(
     """

@@ -15,6 +15,7 @@ import queue
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -263,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             sched.step()
         except Exception as exc:  # a failed decode ends the requests in it, not the engine
+            traceback.print_exc()  # to the engine's log: why every request in flight failed
             for slot in sched.slots:
                 if slot.req is not None:
                     out.emit(proto.Error(slot.req.rid, f"decode failed: {exc}"))

@@ -11,6 +11,7 @@ for the next request.
 from __future__ import annotations
 
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -176,38 +177,53 @@ class Scheduler:
         free = [s for s in self.slots if s.req is None]
         while self.waiting and free:
             req = self.waiting.popleft()
-            prompt = req.prompt
-            shared = {s.seq: common_prefix(s.cached, prompt) for s in self.slots}
+            shared = {s.seq: common_prefix(s.cached, req.prompt) for s in self.slots}
             slot = max(free, key=lambda s: shared[s.seq])
             free.remove(slot)
-            have = shared[slot.seq]
-            # Another slot (busy or not) may hold more of the prompt, say a chat preamble
-            # a burst of new requests shares, or host memory may: start from a copy.
-            donor = max(self.slots, key=lambda s: shared[s.seq])
-            saved, n_saved = self.saved.longest(prompt)
-            copying = self._worth_copying(max(shared[donor.seq], n_saved) - have)
-            # what the slot held goes to host memory first, if worth keeping
-            self._save(slot, 0 if copying else min(have, len(prompt) - 1))
-            if copying:
-                t0 = time.perf_counter()
-                if shared[donor.seq] >= n_saved:
-                    ok, tokens, n = self.llama.seq_copy(donor.seq, slot.seq), donor.cached, shared[donor.seq]
-                else:
-                    assert saved is not None
-                    self.saved.use(saved)
-                    ok, tokens, n = self.llama.seq_load(slot.seq, saved.state), saved.tokens, n_saved
-                self.copy_secs = moving_average(self.copy_secs, time.perf_counter() - t0)
-                slot.cached, have = (list(tokens), n) if ok else ([], 0)
-            # The last prompt token is decoded like a generated one, in a decode step:
-            # its logits then come from the same kernels whether or not the prefix was
-            # cached, so a seeded request replays exactly on every backend.
-            keep = min(have, len(prompt) - 1)
-            self.llama.seq_trim(slot.seq, keep)
-            slot.cached = slot.cached[:keep]
-            slot.pending = prompt[keep:-1]
-            slot.req, slot.last = req, prompt[-1]
-            slot.reused = keep >= COPY_MIN_GAIN
-            req.cached = keep
+            try:
+                self._place(slot, req, shared)
+            except Exception as exc:  # a request taken off the queue must end, never vanish
+                traceback.print_exc()  # to the engine's log
+                self.emit(proto.Error(req.rid, f"could not start the request: {exc}"))
+                self._done(req, "error")
+                slot.req, slot.pending, slot.last, slot.cached = None, [], None, []
+                try:
+                    self.llama.seq_trim(slot.seq, 0)
+                except Exception:  # the slot is empty as far as the scheduler knows
+                    pass
+
+    def _place(self, slot: Slot, req: Request, shared: dict[int, int]) -> None:
+        """Start ``req`` in ``slot``, from the longest cached prefix of its prompt: the
+        slot's own, another slot's (``shared``: each slot's common prefix) or host memory's."""
+        prompt = req.prompt
+        have = shared[slot.seq]
+        # Another slot (busy or not) may hold more of the prompt, say a chat preamble
+        # a burst of new requests shares, or host memory may: start from a copy.
+        donor = max(self.slots, key=lambda s: shared[s.seq])
+        saved, n_saved = self.saved.longest(prompt)
+        copying = self._worth_copying(max(shared[donor.seq], n_saved) - have)
+        # what the slot held goes to host memory first, if worth keeping
+        self._save(slot, 0 if copying else min(have, len(prompt) - 1))
+        if copying:
+            t0 = time.perf_counter()
+            if shared[donor.seq] >= n_saved:
+                ok, tokens, n = self.llama.seq_copy(donor.seq, slot.seq), donor.cached, shared[donor.seq]
+            else:
+                assert saved is not None
+                self.saved.use(saved)
+                ok, tokens, n = self.llama.seq_load(slot.seq, saved.state), saved.tokens, n_saved
+            self.copy_secs = moving_average(self.copy_secs, time.perf_counter() - t0)
+            slot.cached, have = (list(tokens), n) if ok else ([], 0)
+        # The last prompt token is decoded like a generated one, in a decode step:
+        # its logits then come from the same kernels whether or not the prefix was
+        # cached, so a seeded request replays exactly on every backend.
+        keep = min(have, len(prompt) - 1)
+        self.llama.seq_trim(slot.seq, keep)
+        slot.cached = slot.cached[:keep]
+        slot.pending = prompt[keep:-1]
+        slot.req, slot.last = req, prompt[-1]
+        slot.reused = keep >= COPY_MIN_GAIN
+        req.cached = keep
 
     def _worth_copying(self, tokens: int) -> bool:
         """Whether copying a cache beats prefilling ``tokens`` of it (measured costs)."""

@@ -1,8 +1,10 @@
 """Start real engines and servers for tests: an engine process spoken to line by line,
-and ``strata serve`` on a free loopback port."""
+``strata serve`` on a free loopback port, and scripts that drive the engine's classes
+in a process of their own."""
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import signal
@@ -12,7 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
@@ -23,6 +25,16 @@ from strata_core.config import EngineConfig, SpeculativeConfig, load_config
 from strata_core.reader import engine_command
 
 E = TypeVar("E", bound=proto.Event)
+
+
+def run_engine_script(script: str, engine: EngineBuild, model: Path) -> Any:
+    """Run ``script`` (with MODEL set) where the engine's libllama is importable (it must
+    load before numpy, so in a process of its own); the JSON its last line prints."""
+    env = {**os.environ, "PYTHONPATH": f"{engine.path}{os.pathsep}{Path(__file__).parents[2]}"}
+    code = f"MODEL = {str(model)!r}\n{script}"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def free_port() -> int:

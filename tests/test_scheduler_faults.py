@@ -1,0 +1,59 @@
+"""A request the scheduler has taken off its queue always ends with DONE, even when
+llama.cpp refuses the cache operations that start it: a request that vanished would leave
+its client waiting for ever and the engine idle (the stall docs/backends/cuda.md records)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from strata_core.build import EngineBuild
+from strata_core.testing.harness import run_engine_script
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = textwrap.dedent(
+    """
+    import json
+    from strata_core import protocol as proto
+    from strata_core.engine.llama import Llama, LlamaError, ModelOptions
+    from strata_core.options import SamplingParams
+    from strata_core.engine.scheduler import Request, Scheduler
+
+    m = Llama(ModelOptions(path=MODEL, n_ctx=512, n_seq=2, n_batch=256))
+    prompt = m.tokenize(b"<|im_start|>user\\nSay hello.<|im_end|>\\n<|im_start|>assistant\\n", True, True)
+    trim, calls = m.seq_trim, []
+
+    def refuse_first(seq, keep):  # llama.cpp refusing to trim, once, as it may on a device
+        calls.append((seq, keep))
+        if len(calls) == 1:
+            raise LlamaError(f"could not trim sequence {seq} to {keep}")
+        trim(seq, keep)
+
+    m.seq_trim = refuse_first
+    events = []
+    sched = Scheduler(m, events.append)
+    for rid in ("a", "b", "c"):
+        sched.submit(Request(rid, list(prompt), SamplingParams(), 8, frozenset(), None))
+    steps = 0
+    while sched.busy and steps < 200:
+        sched.step()
+        steps += 1
+    print(json.dumps({
+        "busy": sched.busy,
+        "done": {e.rid: e.reason for e in events if isinstance(e, proto.Done)},
+        "errors": {e.rid: e.message for e in events if isinstance(e, proto.Error)},
+        "tokens": {rid: sum(1 for e in events if isinstance(e, proto.Token) and e.rid == rid) for rid in "abc"},
+    }))
+    """
+)
+
+
+def test_a_request_whose_start_fails_ends_with_an_error(cpu_engine: EngineBuild, default_model: Path) -> None:
+    out = run_engine_script(SCRIPT, cpu_engine, default_model)
+    assert not out["busy"]
+    assert out["done"] == {"a": "error", "b": "length", "c": "length"}
+    assert "could not start the request" in out["errors"]["a"] and set(out["errors"]) == {"a"}
+    assert out["tokens"] == {"a": 0, "b": 8, "c": 8}
