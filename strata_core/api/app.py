@@ -78,7 +78,7 @@ def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None =
     @app.exception_handler(Exception)
     async def bug(request: Request, exc: Exception) -> JSONResponse:
         # A bug: Starlette re-raises it after this answer, and uvicorn logs the traceback.
-        service = pool.entry(None).service
+        service = pool.first
         if service is not None:
             service.metrics.internal_errors.inc()
         log.error("internal error in %s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
