@@ -135,3 +135,16 @@ def test_idle_model_is_unloaded_then_reloads(one_at_a_time: Server) -> None:
         time.sleep(0.5)
     r = client.chat.completions.create(model="b", messages=CHAT, max_tokens=3)
     assert r.usage.completion_tokens == 3
+
+
+def test_one_model_served_by_path_answers_to_the_aliases(cpu_engine: EngineBuild, default_model: Path,
+                                                          tmp_path: Path) -> None:  # fmt: skip
+    """With one model, clients' usual names for it ("default") still name it whatever its
+    file; only another name is a 404."""
+    with Server(["--backend", "cpu", "--model", str(default_model), "--parallel", "1", "--n-ctx", "512"],
+                tmp_path / "server.log") as srv:  # fmt: skip
+        c = client_of(srv)
+        r = c.chat.completions.create(model="default", messages=[{"role": "user", "content": "Hi"}], max_tokens=1)
+        assert r.choices[0].finish_reason in {"length", "stop"}
+        with pytest.raises(openai.NotFoundError):
+            c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "Hi"}], max_tokens=1)

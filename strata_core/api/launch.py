@@ -95,7 +95,9 @@ def model_spec(cfg: Config, name: str | None, log_path: Path | None, preload: bo
         tensor_split=e.tensor_split,
         main_gpu=e.main_gpu,
     )
-    aliases = frozenset(ALIASES) if name is None and model.id.lower() in ALIASES else frozenset()
+    # One model served: the aliases clients send for "the model" ("default") name it, whatever
+    # its file, as before several models could be served; [models.NAME] are named exactly.
+    aliases = frozenset(ALIASES) if name is None else frozenset()
     return ModelSpec(name or model.id, cfg, model.path, backend, build, command, log_path, preload, aliases)
 
 
