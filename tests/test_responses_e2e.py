@@ -112,7 +112,9 @@ def test_sampling_parameters_act(api: openai.OpenAI) -> None:
 
 @pytest.mark.parametrize(("kw", "param"), [({"top_logprobs": 2}, "top_logprobs"),
                                           ({"extra_body": {"frequency_penalty": 1}}, "frequency_penalty"),
-                                          ({"tools": [{"type": "web_search"}]}, "tools")])  # fmt: skip
+                                          ({"tools": [{"type": "web_search"}]}, "tools"),
+                                          # not a list: once a TypeError and a 500 (found by the fuzzer)
+                                          ({"extra_body": {"tools": 562}}, "tools")])  # fmt: skip
 def test_unsupported_parameters_are_refused(api: openai.OpenAI, kw: dict[str, Any], param: str) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         api.responses.create(model="default", input=QUESTION, **kw)

@@ -43,6 +43,9 @@ def test_tokenize_messages_counts_the_chat_prompt(server: Server) -> None:
 @pytest.mark.parametrize(("path", "body", "param"), [
     ("/tokenize", {}, None), ("/tokenize", {"content": "x", "messages": [{"role": "user", "content": "x"}]}, None),
     ("/detokenize", {"tokens": [-1]}, "tokens.0"), ("/detokenize", {"tokens": [10**9]}, "tokens"),
+    # the conversation's own rules: once a ValidationError and a 500 (found by the fuzzer)
+    ("/tokenize", {"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {'"d': {}}},
+     "chat_template_kwargs"),
 ])  # fmt: skip
 def test_bad_requests_are_400(server: Server, path: str, body: dict[str, object], param: str | None) -> None:
     r = post(server, path, body)

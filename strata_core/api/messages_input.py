@@ -15,10 +15,17 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, ValidationError, field_validator, model_validator
+from pydantic import Discriminator, Field, field_validator, model_validator
 
-from strata_core.errors import from_validation_error
-from strata_core.requests import MAX_STOP, ChatRequest, Strict, TopP, drop_unset, invalid
+from strata_core.requests import (
+    MAX_STOP,
+    ChatRequest,
+    Strict,
+    TopP,
+    drop_unset,
+    invalid,
+    parse_request,
+)
 
 NOT_SUPPORTED = (
     "container", "context_management", "diagnostics", "inference_geo", "mcp_servers",
@@ -204,10 +211,7 @@ def chat_request(req: CountTokensRequest, body: dict[str, Any]) -> ChatRequest:
         body.update(chat_tool_choice(req.tool_choice))
     if req.thinking is not None:
         body["chat_template_kwargs"] = {"enable_thinking": req.thinking.type != "disabled"}
-    try:
-        return ChatRequest.model_validate(body)
-    except ValidationError as err:
-        raise from_validation_error(err) from None
+    return parse_request(ChatRequest, body)
 
 
 def chat_function(tool: Tool) -> dict[str, Any]:

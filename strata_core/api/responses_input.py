@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
-from strata_core.errors import from_validation_error
 from strata_core.requests import (
     ChatRequest,
     JsonSchemaFormat,
@@ -25,6 +24,7 @@ from strata_core.requests import (
     TopP,
     drop_unset,
     invalid,
+    parse_request,
 )
 
 #: Parameters accepted only as null / false ("not asked for"), refused otherwise.
@@ -204,7 +204,7 @@ class ResponsesRequest(Strict):
     @field_validator("tools", mode="before")
     @classmethod
     def _function_tools_only(cls, value: Any) -> Any:
-        for tool in value or ():
+        for tool in value if isinstance(value, list) else ():  # a non-list fails as a list
             if isinstance(tool, dict) and tool.get("type") != "function":
                 raise invalid(
                     f"has a tool of type {tool.get('type')!r}; Strata runs function tools only",
@@ -242,10 +242,7 @@ class ResponsesRequest(Strict):
             body["response_format"] = self.text.format.response_format()
         if self.reasoning is not None and self.reasoning.effort is not None:
             body["chat_template_kwargs"] = {"enable_thinking": self.reasoning.effort != "none"}
-        try:
-            return ChatRequest.model_validate(body)
-        except ValidationError as err:
-            raise from_validation_error(err) from None
+        return parse_request(ChatRequest, body)
 
 
 def add_item(messages: list[dict[str, Any]], item: Any) -> None:

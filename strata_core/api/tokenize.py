@@ -42,8 +42,9 @@ class TokenizeRequest(Strict):
         return self
 
     def chat_request(self) -> ChatRequest:
-        return ChatRequest(messages=self.messages or [], tools=self.tools,
-                           chat_template_kwargs=self.chat_template_kwargs)  # fmt: skip
+        # the conversation's own rules (ChatRequest's) answer a 400 here too
+        return parse_request(ChatRequest, {"messages": self.messages, "tools": self.tools,
+                                           "chat_template_kwargs": self.chat_template_kwargs})  # fmt: skip
 
 
 class DetokenizeRequest(Strict):
