@@ -10,6 +10,7 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,32 @@ def test_batches_of_strings_and_token_ids_and_usage(client: openai.OpenAI, serve
     r = client.embeddings.create(model="default", input=texts)
     assert r.usage.prompt_tokens == r.usage.total_tokens == sum(map(len, ids))
     assert r.model and r.object == "list"
+
+
+def test_embedding_beside_generation_changes_neither(client: openai.OpenAI) -> None:
+    """The embeddings context shares the engine's weights and main thread, not its slots."""
+    def reply() -> str:
+        r = client.completions.create(model="default", prompt="Once upon a time", max_tokens=48, temperature=0)
+        return r.choices[0].text
+
+    alone_text, alone_vec = reply(), vectors(client, UNRELATED, encoding_format="float")
+    with ThreadPoolExecutor(2) as pool:
+        text = pool.submit(reply)
+        vecs = [vectors(client, UNRELATED, encoding_format="float") for _ in range(4)]
+        assert text.result() == alone_text
+    assert all(np.array_equal(v, alone_vec) for v in vecs)
+
+
+def counted(server: Server, name: str) -> int:
+    line = next(x for x in httpx.get(f"{server.base}/metrics").text.splitlines() if x.startswith(name + " "))
+    return int(line.split()[1])
+
+
+def test_counted_in_metrics(client: openai.OpenAI, server: Server) -> None:
+    inputs, tokens = counted(server, "strata_embedding_inputs_total"), counted(server, "strata_prompt_tokens_total")
+    r = client.embeddings.create(model="default", input=["one", "two", "three"])
+    assert counted(server, "strata_embedding_inputs_total") == inputs + 3
+    assert counted(server, "strata_prompt_tokens_total") >= tokens + r.usage.prompt_tokens
 
 
 def test_dimensions_only_the_models_own(server: Server) -> None:
