@@ -22,6 +22,9 @@ What the design leaves open is settled here:
 * Logprobs are written with ``repr(float)`` and round-trip exactly; ``inf`` and ``-inf``
   are allowed, NaN is not.
 * ``ERR``/``WARN`` messages are free text; encoding turns line breaks into spaces.
+* ``EMBED <rid> <id> ...``: one input's token ids (at least one), for its pooled
+  embedding; answered ``EMBEDDING <rid> <b64>``, the vector as float32 little-endian, every
+  value finite (an engine that computed NaN or infinity says so with ``ERR`` instead).
 * ``READY`` carries a JSON object, written compactly (``ensure_ascii``, so one ASCII line).
 * A GEN value that is free text (a grammar) travels as base64 of its UTF-8 bytes behind a
   ``<kind>:`` tag, so spaces, line breaks, ``=`` and non-ASCII round-trip:
@@ -35,9 +38,11 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import operator
 import re
 import string
+import struct
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -89,11 +94,17 @@ class VocabRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class Embed:
+    rid: str
+    ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Quit:
     pass
 
 
-Command: TypeAlias = Gen | Cancel | Tokenize | VocabRequest | Quit
+Command: TypeAlias = Gen | Cancel | Tokenize | VocabRequest | Embed | Quit
 
 # --- events, engine -> server ------------------------------------------------------------
 
@@ -136,6 +147,12 @@ class Vocab:
 
 
 @dataclass(frozen=True, slots=True)
+class Embedding:
+    rid: str
+    vector: tuple[float, ...]  # float32 values
+
+
+@dataclass(frozen=True, slots=True)
 class Error:
     rid: str | None
     message: str
@@ -147,7 +164,7 @@ class Warn:
     message: str
 
 
-Event: TypeAlias = Ready | Token | Logprob | Done | Tokens | Vocab | Error | Warn
+Event: TypeAlias = Ready | Token | Logprob | Done | Tokens | Vocab | Embedding | Error | Warn
 
 # --- fields: each checker returns the value or raises ProtocolError(what was wrong) -------
 
@@ -298,6 +315,22 @@ def _unpack_pieces(data: bytes) -> tuple[bytes, ...]:
     return tuple(pieces)
 
 
+def _pack_floats(values: Iterable[float]) -> bytes:
+    floats = [float(v) for v in values]
+    if not all(map(math.isfinite, floats)):
+        raise ProtocolError("an embedding holds only finite values")
+    return struct.pack(f"<{len(floats)}f", *floats)
+
+
+def _unpack_floats(data: bytes) -> tuple[float, ...]:
+    if len(data) % 4:
+        raise ProtocolError(f"embedding payload of {len(data)} bytes is not float32s")
+    floats = struct.unpack(f"<{len(data) // 4}f", data)
+    if not all(map(math.isfinite, floats)):
+        raise ProtocolError("an embedding holds only finite values")
+    return floats
+
+
 def _strip_eol(line: str) -> str:
     if line.endswith("\n"):
         line = line[:-1]
@@ -333,6 +366,8 @@ def _encode_event(ev: Event) -> str:
         return f"TOKENS {_rid(ev.rid)} {_ids(ev.ids)}".rstrip(" ")
     if isinstance(ev, Vocab):
         return f"VOCAB {_rid(ev.rid)} {_b64(_pack_pieces(ev.pieces))}"
+    if isinstance(ev, Embedding):
+        return f"EMBEDDING {_rid(ev.rid)} {_b64(_pack_floats(ev.vector))}"
     if isinstance(ev, (Error, Warn)):
         verb = "ERR" if isinstance(ev, Error) else "WARN"
         rid = "-" if ev.rid is None else _rid(ev.rid)
@@ -353,6 +388,10 @@ def _encode_command(cmd: Command) -> str:
         return f"TOKENIZE {_rid(cmd.rid)} {_b64(cmd.text.encode('utf-8'))}{flag}"
     if isinstance(cmd, VocabRequest):
         return f"VOCAB {_rid(cmd.rid)}"
+    if isinstance(cmd, Embed):
+        if not cmd.ids:
+            raise ProtocolError("EMBED needs at least one token id")
+        return f"EMBED {_rid(cmd.rid)} {_ids(cmd.ids)}"
     if isinstance(cmd, Quit):
         return "QUIT"
     raise ProtocolError("not a command")
@@ -405,6 +444,11 @@ def _parse_vocab(line: str, parts: list[str]) -> Vocab:
     return Vocab(_rid(parts[1]), _unpack_pieces(_unb64(parts[2])))
 
 
+def _parse_embedding(line: str, parts: list[str]) -> Embedding:
+    _fields(parts, 3, "EMBEDDING <rid> <b64>")
+    return Embedding(_rid(parts[1]), _unpack_floats(_unb64(parts[2])))
+
+
 def _parse_message(line: str, parts: list[str]) -> Error | Warn:
     verb, _, rest = _strip_eol(line).partition(" ")
     rid, _, message = rest.partition(" ")
@@ -433,6 +477,7 @@ _EVENT_PARSERS: dict[str, Callable[[str, list[str]], Event]] = {
     "DONE": _parse_done,
     "TOKENS": _parse_tokens,
     "VOCAB": _parse_vocab,
+    "EMBEDDING": _parse_embedding,
     "ERR": _parse_message,
     "WARN": _parse_message,
     "READY": _parse_ready,
@@ -497,11 +542,14 @@ def parse_command(line: str) -> Command:
             return _parse_tokenize(parts)
         if verb == "VOCAB":
             return VocabRequest(_rid(_fields(parts, 2, "VOCAB <rid>")[1]))
+        if verb == "EMBED":
+            _fields(parts, 3, "EMBED <rid> <id> ...", at_least=True)
+            return Embed(_rid(parts[1]), _uints(parts[2:]))
         if verb == "QUIT":
             _fields(parts, 1, "QUIT")
             return Quit()
         raise ProtocolError(
-            f"unknown command {verb[:20]!r} (expected GEN, CANCEL, TOKENIZE, VOCAB, QUIT)"
+            f"unknown command {verb[:20]!r} (expected GEN, CANCEL, TOKENIZE, VOCAB, EMBED, QUIT)"
         )
     except (ValueError, RecursionError) as exc:
         raise ProtocolError(f"{exc} in line {_clip(_strip_eol(line))!r}") from None

@@ -295,14 +295,16 @@ class EngineClient:
             if ev.rid is not None and ev.rid in self._streams:
                 self._streams[ev.rid].error = ev.message
             elif ev.rid is not None and ev.rid in self._replies:
-                self._replies.pop(ev.rid).set_exception(EngineUnavailable(ev.message))
+                asked = self._replies.pop(ev.rid)
+                if not asked.done():  # its asker may have gone (a client that hung up)
+                    asked.set_exception(EngineUnavailable(ev.message))
             else:
                 log.error("engine: %s", ev.message)
                 if not self.ready.is_set():
                     self.start_error = ev.message
         elif isinstance(ev, proto.Warn):
             log.warning("engine: %s %s", ev.rid or "-", ev.message)
-        elif isinstance(ev, (proto.Tokens, proto.Vocab)):
+        elif isinstance(ev, (proto.Tokens, proto.Vocab, proto.Embedding)):
             fut = self._replies.pop(ev.rid, None)
             if fut is not None and not fut.done():
                 fut.set_result(ev)
@@ -353,7 +355,7 @@ class EngineClient:
             except EngineUnavailable:
                 pass
 
-    async def _ask(self, cmd: proto.Tokenize | proto.VocabRequest) -> Any:
+    async def _ask(self, cmd: proto.Tokenize | proto.VocabRequest | proto.Embed) -> Any:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._replies[cmd.rid] = fut
         try:
@@ -370,6 +372,11 @@ class EngineClient:
     async def vocab(self) -> list[bytes]:
         ev = await self._ask(proto.VocabRequest(self.new_rid("v")))
         return list(ev.pieces)
+
+    async def embed(self, ids: Sequence[int]) -> tuple[float, ...]:
+        """One input's pooled embedding, as the engine computed it (not normalised)."""
+        ev = await self._ask(proto.Embed(self.new_rid("e"), tuple(ids)))
+        return ev.vector  # type: ignore[no-any-return]
 
     @property
     def in_flight(self) -> int:

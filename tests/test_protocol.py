@@ -19,6 +19,8 @@ from strata_core.protocol import (
     Cancel,
     Command,
     Done,
+    Embed,
+    Embedding,
     Error,
     Event,
     Gen,
@@ -66,6 +68,7 @@ commands = st.one_of(
     st.builds(Cancel, rids),
     st.builds(Tokenize, rids, st.text(), st.booleans()),
     st.builds(VocabRequest, rids),
+    st.builds(Embed, rids, st.lists(ids, min_size=1, max_size=30).map(tuple)),
     st.just(Quit()),
 )
 events = st.one_of(
@@ -75,6 +78,8 @@ events = st.one_of(
     st.builds(Done, rids, st.sampled_from(sorted(DONE_REASONS)), pairs),
     st.builds(Tokens, rids, id_tuples),
     st.builds(Vocab, rids, st.lists(st.binary(max_size=64), max_size=40).map(tuple)),
+    st.builds(Embedding, rids, st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False),
+                                        max_size=40).map(tuple)),
     st.builds(Error, st.none() | rids, messages),
     st.builds(Warn, st.none() | rids, messages),
 )
@@ -153,6 +158,8 @@ EVENT_FIXTURES: list[tuple[str, Event]] = [
     # pieces b"a", b"", b"\xff": 01 00 'a' | 00 00 | 01 00 ff
     ("VOCAB v AQBhAAABAP8=", Vocab("v", (b"a", b"", b"\xff"))),
     ("VOCAB v -", Vocab("v", ())),
+    # 1.0, -0.5 as float32 little-endian: 00 00 80 3f | 00 00 00 bf
+    ("EMBEDDING e AACAPwAAAL8=", Embedding("e", (1.0, -0.5))),
     ("ERR r1 prompt is empty", Error("r1", "prompt is empty")),
     ("ERR - engine  out of memory ", Error(None, "engine  out of memory ")),
     ("WARN r1 unknown key foo", Warn("r1", "unknown key foo")),
@@ -179,6 +186,7 @@ COMMAND_FIXTURES: list[tuple[str, Command]] = [
     ("TOKENIZE r - special=1", Tokenize("r", "", True)),
     ("TOKENIZE r 4pyTIMOp", Tokenize("r", "✓ é")),
     ("VOCAB r", VocabRequest("r")),
+    ("EMBED e 1 22 333", Embed("e", (1, 22, 333))),
     ("QUIT", Quit()),
 ]
 
@@ -258,6 +266,9 @@ BAD_EVENTS = [
     ("VOCAB r1 !!!!", "bad base64"),
     ("VOCAB r1 AQ==", "truncated in piece 0"),
     ("VOCAB r1 AQBhAgBi", "truncated in piece 1"),
+    ("EMBEDDING r1", "expected 'EMBEDDING <rid> <b64>'"),
+    ("EMBEDDING r1 AAA=", "is not float32s"),
+    ("EMBEDDING r1 AADAfw==", "only finite values"),  # NaN
     ("READY", "expected 'READY <json object>'"),
     ("READY [1]", "must be an object, got list"),
     ("READY {", "bad READY json"),
@@ -289,6 +300,8 @@ BAD_COMMANDS = [
     ("TOKENIZE a aGk", "bad base64 'aGk'"),
     ("TOKENIZE a //8=", "not UTF-8"),
     ("VOCAB", "expected 'VOCAB <rid>'"),
+    ("EMBED a", "expected 'EMBED <rid> <id> ...'"),
+    ("EMBED a 1 x", "bad token id 'x'"),
     ("QUIT now", "expected 'QUIT'"),
 ]
 
@@ -339,6 +352,9 @@ BAD_TO_ENCODE: list[tuple[Event | Command, str]] = [
     (Gen("a", {}, (1, -1)), "bad token id -1"),
     (Tokenize("a", "\ud800"), "surrogates not allowed"),
     (Cancel("a\n"), "bad rid"),
+    (Embed("a", ()), "at least one token id"),
+    (Embedding("a", (1.0, math.inf)), "only finite values"),
+    (Embedding("a", (1e300,)), "float too large"),
 ]
 
 
@@ -346,7 +362,7 @@ BAD_TO_ENCODE: list[tuple[Event | Command, str]] = [
 def test_bad_value_to_encode(obj: Event | Command, why: str) -> None:
     encode = (
         encode_command
-        if isinstance(obj, (Gen, Cancel, Tokenize, VocabRequest, Quit))
+        if isinstance(obj, (Gen, Cancel, Tokenize, VocabRequest, Embed, Quit))
         else encode_event
     )
     with pytest.raises(ProtocolError) as info:
@@ -376,6 +392,8 @@ VERBS = [
     "GEN",
     "CANCEL",
     "TOKENIZE",
+    "EMBED",
+    "EMBEDDING",
     "QUIT",
     ":",
 ]
@@ -419,7 +437,7 @@ def test_parsers_raise_only_protocol_error(line: str) -> None:
 
 @given(events | commands, st.integers(0, 10_000), st.text(max_size=3), st.integers(0, 3))
 def test_mutated_lines_raise_only_protocol_error(obj: Any, pos: int, junk: str, cut: int) -> None:
-    is_event = not isinstance(obj, (Gen, Cancel, Tokenize, VocabRequest, Quit))
+    is_event = not isinstance(obj, (Gen, Cancel, Tokenize, VocabRequest, Embed, Quit))
     line = _mutate(encode_event(obj) if is_event else encode_command(obj), pos, junk, cut)
     for parse in (parse_event, parse_command):
         try:

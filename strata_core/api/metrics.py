@@ -84,7 +84,8 @@ class Metrics:
             "strata_internal_errors_total", "Requests answered 500 internal_error: bugs (tracebacks in the log)"
         )
         self.refused = Counter("strata_requests_refused_total", "Requests refused with 429: the queue was full")
-        self.prompt_tokens = Counter("strata_prompt_tokens_total", "Prompt tokens processed")
+        self.embedded_inputs = Counter("strata_embedding_inputs_total", "Inputs embedded (/v1/embeddings)")
+        self.prompt_tokens = Counter("strata_prompt_tokens_total", "Prompt tokens processed (embedded inputs' too)")
         self.cached_tokens = Counter("strata_cached_prompt_tokens_total", "Prompt tokens reused")
         self.gen_tokens = Counter("strata_generation_tokens_total", "Tokens generated")
         self.spec_drafted = Counter("strata_spec_drafted_tokens_total", "Speculative tokens proposed")

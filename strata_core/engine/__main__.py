@@ -26,7 +26,7 @@ CAPABILITIES = [
 ]  # fmt: skip
 """What READY lists: the GEN options (strata_core/options.py) this engine acts on, besides
 ``max_tokens``, ``stop_ids``, ``spec`` and ``isolate``; ``spec_draft`` is added when a draft
-model was loaded."""
+model was loaded, ``embeddings`` (EMBED) unless the model is a ranker."""
 
 
 class Output:
@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         out.flush()
         return 1
     import llama_cpp
+    import numpy as np
 
     facts = llama.facts()
     eog = frozenset(facts["eog"])
@@ -179,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                 "slots": args.parallel,
                 "n_batch": llama.n_batch,
                 "split": llama.split,
-                "capabilities": CAPABILITIES + (["spec_draft"] if drafter else []),
+                "capabilities": CAPABILITIES + (["spec_draft"] if drafter else [])
+                + (["embeddings"] if llama.pooling != "rank" else []),
                 **facts,
             }
         )
@@ -224,6 +226,23 @@ def main(argv: list[str] | None = None) -> int:
                     isolate=opts.isolate)
         )  # fmt: skip
 
+    def embed(cmd: proto.Embed) -> None:
+        """One input's embedding, between two scheduler steps (on the main thread, the only
+        one that decodes: the embeddings context shares the model and the cores)."""
+        bad = [t for t in cmd.ids if t >= llama.n_vocab]
+        if bad:
+            out.emit(proto.Error(cmd.rid, f"token {bad[0]} is outside the vocabulary (n_vocab {llama.n_vocab})"))
+            return
+        try:
+            vector = llama.embed(list(cmd.ids))
+        except Exception as exc:  # an input too long, no memory for the context: this request's error
+            out.emit(proto.Error(cmd.rid, f"embedding failed: {exc}"))
+            return
+        if not np.isfinite(vector).all():
+            out.emit(proto.Error(cmd.rid, "the model's embedding is not finite"))
+            return
+        out.emit(proto.Embedding(cmd.rid, tuple(vector.tolist())))
+
     def handle(cmd: Any) -> bool:
         """Apply one command; False once QUIT was seen."""
         if isinstance(cmd, proto.ProtocolError):
@@ -232,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
             start(cmd)
         elif isinstance(cmd, proto.Cancel):
             sched.cancel(cmd.rid)
+        elif isinstance(cmd, proto.Embed):
+            embed(cmd)
         elif isinstance(cmd, proto.VocabRequest):
             pieces = tuple(llama.piece(t) for t in range(llama.n_vocab))
             out.emit(proto.Vocab(cmd.rid, pieces))

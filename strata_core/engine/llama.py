@@ -34,6 +34,10 @@ class ModelOptions:
     main_gpu: int = 0
 
 
+#: llama.cpp's enum llama_pooling_type, by the names READY reports.
+POOLINGS = {"none": ll.LLAMA_POOLING_TYPE_NONE, "mean": ll.LLAMA_POOLING_TYPE_MEAN, "cls": ll.LLAMA_POOLING_TYPE_CLS,
+            "last": ll.LLAMA_POOLING_TYPE_LAST, "rank": ll.LLAMA_POOLING_TYPE_RANK}  # fmt: skip
+
 #: llama.cpp's enum llama_split_mode (ROW, 2, is superseded by TENSOR and not offered).
 SPLIT_MODES = {"none": ll.LLAMA_SPLIT_MODE_NONE, "layer": ll.LLAMA_SPLIT_MODE_LAYER, "tensor": ll.LLAMA_SPLIT_MODE_TENSOR}
 
@@ -147,6 +151,13 @@ class Llama:
         self.n_batch = int(ll.llama_n_batch(ctx))
         self.n_seq = opts.n_seq
         self._piece_buf = ctypes.create_string_buffer(256)
+        self._cparams = cparams
+        #: the embeddings context (``embed``), made on the first input
+        self._embd_ctx: Any = None
+        self.n_embd = int(ll.llama_model_n_embd_out(model))
+        #: an input's most tokens: llama.cpp pools a sequence within one micro-batch
+        self.embd_max_tokens = opts.n_batch
+        self.pooling = self._own_pooling()
 
     # ---- decoding -----------------------------------------------------------------
 
@@ -208,6 +219,63 @@ class Llama:
         streams is deferred to the next decode, after which a trim would come too late)."""
         return self.seq_load(dst, self.seq_save(src))
 
+    # ---- embeddings -----------------------------------------------------------------
+
+    def _meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(128)
+        n = ll.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def _own_pooling(self) -> str:
+        """The pooling the model's GGUF names (embedding models carry one), else mean: a
+        generative model names none, and per-token vectors are no answer to /v1/embeddings."""
+        arch = self._meta("general.architecture")
+        value = self._meta(f"{arch}.pooling_type") if arch else None
+        names = {v: k for k, v in POOLINGS.items()}
+        own = names.get(int(value)) if value and value.lstrip("-").isdigit() else None
+        return "mean" if own in (None, "none") else own
+
+    def _embeddings_context(self) -> Any:
+        """A second context over the same weights, for embeddings only: the generation
+        context's slots keep their caches, its logits stay the sampler's, and an input is
+        pooled whole in one micro-batch (n_ubatch = n_batch = n_ctx, one sequence)."""
+        cparams = ll.llama_context_default_params()
+        cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = self.embd_max_tokens
+        cparams.n_seq_max = 1
+        cparams.embeddings = True
+        cparams.pooling_type = POOLINGS[self.pooling]
+        cparams.no_perf = True
+        cparams.n_threads, cparams.n_threads_batch = self._cparams.n_threads, self._cparams.n_threads_batch
+        cparams.flash_attn_type = self._cparams.flash_attn_type
+        ctx = ll.llama_init_from_model(self.model, cparams)
+        if not ctx:
+            raise LlamaError("llama.cpp could not create the embeddings context (out of memory?)")
+        return ctx
+
+    def embed(self, ids: list[int]) -> npt.NDArray[np.float32]:
+        """The pooled, unnormalised embedding of one input (at most ``embd_max_tokens``)."""
+        if self.pooling == "rank":
+            raise LlamaError("this model ranks (pooling rank); it has no embeddings")
+        if not 0 < len(ids) <= self.embd_max_tokens:
+            raise LlamaError(f"an input holds 1..{self.embd_max_tokens} tokens, not {len(ids)}")
+        if self._embd_ctx is None:
+            self._embd_ctx = self._embeddings_context()
+        ctx = self._embd_ctx
+        batch = Batch(len(ids))
+        batch.add(ids, 0, 0, "all")
+        batch.raw.n_tokens = batch.n
+        mem = ll.llama_get_memory(ctx)
+        try:
+            rc = ll.llama_decode(ctx, batch.raw)
+            if rc != 0:
+                raise LlamaError(f"llama_decode failed with {rc}")
+            ptr = ll.llama_get_embeddings_seq(ctx, 0)
+            if not ptr:
+                raise LlamaError("llama.cpp returned no embedding")
+            return np.ctypeslib.as_array(ptr, shape=(self.n_embd,)).copy()
+        finally:
+            ll.llama_memory_clear(mem, True)  # each input alone, from position 0
+
     # ---- vocabulary -----------------------------------------------------------------
 
     def tokenize(self, text: bytes, add_special: bool, parse_special: bool) -> list[int]:
@@ -254,6 +322,8 @@ class Llama:
             "n_ctx": self.n_ctx,
             "n_ctx_train": int(ll.llama_model_n_ctx_train(self.model)),
             "n_params": int(ll.llama_model_n_params(self.model)),
+            "n_embd": self.n_embd,
+            "embeddings": {"pooling": self.pooling, "max_tokens": self.embd_max_tokens},
             "bos": bos,
             "eos": eos,
             "eot": tok(ll.llama_vocab_eot),
@@ -261,6 +331,7 @@ class Llama:
             "bos_text": self.piece(bos).decode("utf-8", "replace") if bos is not None else "",
             "eos_text": self.piece(eos).decode("utf-8", "replace") if eos is not None else "",
             "add_bos": bool(ll.llama_vocab_get_add_bos(v)),
+            "add_eos": bool(ll.llama_vocab_get_add_eos(v)),
             "chat_template": tmpl.decode("utf-8", "replace") if tmpl else None,
             "system_info": ll.llama_print_system_info().decode("utf-8", "replace").strip(),
         }
