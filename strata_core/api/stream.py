@@ -114,9 +114,11 @@ async def sse_stream(
     counts those) or ``timeout`` seconds pass, the usage chunk when asked for, then
     ``[DONE]``."""
     created = bodies.now()
-    loop = asyncio.get_running_loop()
-    deadline = None if timeout is None else loop.time() + timeout
     queue: asyncio.Queue[tuple[int, Delta | BaseException | None]] = asyncio.Queue()
+    # One timer for the whole stream puts the timeout in the queue (a wait_for around each
+    # get cost a task per token on Python < 3.12).
+    timer = None if timeout is None else asyncio.get_running_loop().call_later(
+        timeout, queue.put_nowait, (-1, timed_out(timeout)))  # fmt: skip
 
     async def pump(i: int, it: AsyncIterator[Delta]) -> None:
         try:
@@ -137,11 +139,7 @@ async def sse_stream(
             for i in range(len(iters)):
                 yield bodies.sse(bodies.chat_chunk(rid, model, created, i, {"role": "assistant", "content": ""}, None))
         while open_choices:
-            try:
-                left = None if deadline is None else deadline - loop.time()
-                i, item = await asyncio.wait_for(queue.get(), left)
-            except asyncio.TimeoutError:
-                item = timed_out(timeout)
+            i, item = await queue.get()
             if item is None:
                 open_choices -= 1
                 continue
@@ -167,6 +165,8 @@ async def sse_stream(
             yield bodies.sse(bodies.usage_chunk(rid, model, created, obj, usage))
         yield bodies.sse("[DONE]")
     finally:
+        if timer is not None:
+            timer.cancel()
         for t in tasks:
             t.cancel()
 
