@@ -366,3 +366,16 @@ def test_generic_messages_render_tool_turns_as_text() -> None:
     two = {**history[2], "content": "Checking.", "tool_calls": [call, {**call, "id": "call_2"}]}
     text = generic_messages([two], None)[0]["content"]
     assert text.startswith("Checking.\n") and len(json.loads(text.split("\n", 1)[1])["tool_calls"]) == 2
+
+
+def test_generic_opt_out_key(tmp_path: Any) -> None:
+    from strata_core.config import ConfigError, load_config
+
+    assert load_config(env={}).tools.generic is True
+    assert load_config(env={"STRATA_TOOLS_GENERIC": "false"}).tools.generic is False
+    path = tmp_path / "strata.toml"
+    path.write_text("[tools]\ngeneric = false\n")
+    assert load_config(path, env={}).tools.generic is False
+    path.write_text("[tools]\ngeneric_format = false\n")
+    with pytest.raises(ConfigError, match="generic_format"):
+        load_config(path, env={})
