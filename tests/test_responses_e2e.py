@@ -201,6 +201,10 @@ def test_function_call_on_a_template_without_tools(api: openai.OpenAI) -> None:
     events = list(api.responses.create(**kw, stream=True))
     args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
     assert args == call.arguments
+    # the generic format's grammar and a text format would both constrain the reply
+    with pytest.raises(openai.BadRequestError) as refused:
+        api.responses.create(**{**kw, "tool_choice": "auto"}, text={"format": {"type": "json_object"}})
+    assert refused.value.param == "text.format"
 
 
 THOUGHT = [

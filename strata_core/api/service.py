@@ -220,9 +220,10 @@ class Service:
         shape = ChatShape(prompt_opens_think(text), None if mode == "none" else dialect)
         return await self.engine.tokenize(text, special=True), shape
 
-    def tool_grammar(self, req: ChatRequest) -> str | None:
+    def tool_grammar(self, req: ChatRequest, format_param: str = "response_format") -> str | None:
         """The grammar option of a request with tools: forcing a call for tool_choice
-        required / named; in the generic format also for auto (a response or calls)."""
+        required / named; in the generic format also for auto (a response or calls).
+        ``format_param``: the family's name of response_format, for errors."""
         mode = req.tool_mode()
         dialect = self.tool_dialect
         generic = dialect is Dialect.GENERIC
@@ -233,8 +234,8 @@ class Service:
             raise ApiError(
                 400,
                 "on this model tools use the generic format, whose grammar constrains the reply "
-                "as response_format would; send one of them (or tool_choice 'none')",
-                param="response_format",
+                f"as {format_param} would; send one of them (or tool_choice 'none')",
+                param=format_param,
                 code="unsupported_value",
             )
         if "grammar" not in self.engine.info.get("capabilities", ()):
@@ -294,13 +295,15 @@ class Service:
             grammar = constraint.gen_value()
         return grammar, constraint
 
-    async def start_chat(self, req: ChatRequest, param: str, limit_param: str) -> ChatRun:
+    async def start_chat(
+        self, req: ChatRequest, param: str, limit_param: str, format_param: str = "response_format"
+    ) -> ChatRun:
         """The one choice of a chat request started, for the API families that answer with
-        one choice (Responses, Messages); ``param`` / ``limit_param`` are their names of
-        the conversation and the token limit, for errors."""
+        one choice (Responses, Messages); ``param`` / ``limit_param`` / ``format_param`` are
+        their names of the conversation, the token limit and the reply's format, for errors."""
         self.ready()
         prompt, shape = await self.chat_prompt(req)
-        grammar, constraint = self.constrain(req, self.tool_grammar(req))
+        grammar, constraint = self.constrain(req, self.tool_grammar(req, format_param))
         seed = resolve_seed(req.seed)
         max_new = self.check_lengths(prompt, req, param, limit_param)
         opts = self.options(req, seed=seed, max_tokens=max_new, grammar=grammar)
