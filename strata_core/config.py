@@ -228,6 +228,15 @@ class ResponsesConfig(_Section):
     store_size: int = Field(default=256, ge=0, le=1_000_000)
 
 
+class ToolsConfig(_Section):
+    """Tool calling on models whose chat template never reads ``tools``."""
+
+    #: Show such a model the tools in its system message and constrain its reply to a
+    #: JSON object (a response or calls; text/generic_tools.py); false: tools on such a
+    #: model are refused with a 400. A template that reads tools keeps its own format.
+    generic: bool = True
+
+
 class Config(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
@@ -236,6 +245,7 @@ class Config(_Section):
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     responses: ResponsesConfig = Field(default_factory=ResponsesConfig)
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
 
     def for_model(self, name: str) -> Config:
         """This configuration as one model's engine sees it: [models.NAME] over [engine]
@@ -275,7 +285,7 @@ def split_settings(split_mode: str, tensor_split: list[float] | None, main_gpu: 
     return _validate({"engine": keys}, "engine options").engine
 
 
-SECTIONS = ("server", "engine", "sampling", "speculative", "cluster", "responses")
+SECTIONS = ("server", "engine", "sampling", "speculative", "cluster", "responses", "tools")
 #: Short environment names from the design, e.g. STRATA_BACKEND=cuda.
 ENV_SHORTHANDS = {"STRATA_BACKEND": ("engine", "backend"), "STRATA_MODEL": ("engine", "model")}
 

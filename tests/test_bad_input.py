@@ -188,7 +188,10 @@ CHAT_CASES = [
          "response_format.json_schema.schema"),  # fmt: skip
     chat("json_schema nested 300 deep", {"response_format": json_schema(deep_schema(300))},
          "response_format.json_schema.schema" + ".properties.a" * 30 + ".properties", "too_deep"),  # fmt: skip
-    chat("tools on a template without tools", {"tools": [tool()]}, "tools", "unsupported_value"),
+    # the default model's template never reads tools: the generic format's grammar enforces them
+    chat("tool parameters not a schema", {"tools": [tool(parameters={"type": 5})]}, "tools"),
+    chat("generic tools with response_format", {"tools": [tool()], "response_format": {"type": "json_object"}},
+         "response_format", "unsupported_value"),  # fmt: skip
     chat("too many tools", {"tools": [tool(f"f{i}") for i in range(MAX_TOOLS + 1)]}, "tools"),
     chat("tools empty", {"tools": []}, "tools"),
     chat("tool type unknown", {"tools": [{"type": "retrieval", "function": {"name": "f"}}]}, "tools.0.type"),

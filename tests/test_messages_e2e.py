@@ -10,6 +10,7 @@ from typing import Any
 
 import anthropic
 import httpx
+import jsonschema
 import openai
 import pytest
 from test_tools_e2e import TIMEOUT
@@ -139,6 +140,16 @@ def test_tool_result_round_trip_and_forced_tool(tools_api: anthropic.Anthropic) 
     assert tools_api.messages.create(**kw).content[0].type == "text"  # the fixture: no call unless forced
     forced = tools_api.messages.create(**kw, tool_choice={"type": "any"})
     assert forced.content[0].type == "tool_use" and forced.stop_reason == "tool_use"
+
+
+def test_tool_use_on_a_template_without_tools(api: anthropic.Anthropic) -> None:
+    """The default model's template never reads tools: the generic format serves them."""
+    kw: Any = {"model": "default", "max_tokens": 100, "tools": [WEATHER],
+               "messages": [{"role": "user", "content": "What is the weather in Paris?"}]}  # fmt: skip
+    m = api.messages.create(**kw, tool_choice={"type": "any"})
+    use = m.content[0]
+    assert use.type == "tool_use" and use.name == "get_weather" and m.stop_reason == "tool_use"
+    jsonschema.validate(use.input, WEATHER["input_schema"])
 
 
 def test_thinking_blocks(tools_api: anthropic.Anthropic) -> None:

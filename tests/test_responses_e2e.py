@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import httpx
+import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel
@@ -187,6 +188,23 @@ def test_tool_choice_required_forces_a_call(tools_api: openai.OpenAI) -> None:
     assert r.output[0].type == "function_call" and r.output[0].name == "get_weather"
     named = tools_api.responses.create(**kw, tool_choice={"type": "function", "name": "get_weather"})
     assert named.output[0].type == "function_call"
+
+
+def test_function_call_on_a_template_without_tools(api: openai.OpenAI) -> None:
+    """The default model's template never reads tools: the generic format serves them."""
+    kw: Any = {"model": "default", "input": "What is the weather in Paris?", "tools": [WEATHER],
+               "max_output_tokens": 100, "tool_choice": "required"}  # fmt: skip
+    r = api.responses.create(**kw)
+    call = r.output[0]
+    assert call.type == "function_call" and call.name == "get_weather" and call.call_id.startswith("call_")
+    jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])
+    events = list(api.responses.create(**kw, stream=True))
+    args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert args == call.arguments
+    # the generic format's grammar and a text format would both constrain the reply
+    with pytest.raises(openai.BadRequestError) as refused:
+        api.responses.create(**{**kw, "tool_choice": "auto"}, text={"format": {"type": "json_object"}})
+    assert refused.value.param == "text.format"
 
 
 THOUGHT = [

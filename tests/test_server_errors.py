@@ -38,8 +38,8 @@ CASES = [
     ("n too large", "/v1/chat/completions", {"messages": MSG, "n": 17}, None, 400, "n"),
     ("n zero", "/v1/chat/completions", {"messages": MSG, "n": 0}, None, 400, "n"),
     ("unsupported parameter", "/v1/chat/completions", {"messages": MSG, "frobnicate": True}, None, 400, "frobnicate"),
-    # SmolLM2's template never reads tools: the model would not see them
-    ("tools on a template without tools", "/v1/chat/completions", {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, None, 400, "tools"),
+    # SmolLM2's template never reads tools: the generic format's grammar enforces their parameters
+    ("tool parameters not a schema", "/v1/chat/completions", {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}]}, None, 400, "tools"),
     ("tool_choice without tools", "/v1/chat/completions", {"messages": MSG, "tool_choice": "required"}, None, 400, "tool_choice"),
     ("five stops", "/v1/chat/completions", {"messages": MSG, "stop": ["a", "b", "c", "d", "e"]}, None, 400, "stop"),
     ("max_tokens zero", "/v1/completions", {"prompt": "x", "max_tokens": 0}, None, 400, "max_tokens"),

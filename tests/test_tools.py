@@ -11,11 +11,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from strata_core.text.generic_tools import (
+    generic_grammar,
+    generic_instruction,
+    generic_messages,
+    tool_parser,
+)
 from strata_core.text.grammars import grammar_error, llguidance_grammar
 from strata_core.text.tools import (
     CallDelta,
     Dialect,
-    ToolCallParser,
     call_grammar,
     detect_dialect,
 )
@@ -26,7 +31,7 @@ H, L = Dialect.HERMES, Dialect.LLAMA3
 def parse(dialect: Dialect, text: str, cuts: list[int] | None = None) -> tuple[str, list[tuple[str, str]], list[Any]]:
     """(content, [(name, arguments)], events) of ``text`` pushed in pieces cut at ``cuts``."""
     ids = iter(f"call_{i}" for i in range(100))
-    p = ToolCallParser(dialect, lambda: next(ids))
+    p = tool_parser(dialect, lambda: next(ids))
     events: list[Any] = []
     at = 0
     for c in sorted(cuts or []) + [len(text)]:
@@ -99,7 +104,7 @@ def check_deltas(events: list[Any], calls: list[tuple[str, str]]) -> None:
 
 
 def test_arguments_stream_before_the_call_ends() -> None:
-    p = ToolCallParser(H, lambda: "call_x")
+    p = tool_parser(H, lambda: "call_x")
     events = p.push('<tool_call>\n{"name": "f", "arguments": {"city": "Par')
     assert events == [CallDelta(0, "", "call_x", "f"), CallDelta(0, '{"city": "Par')]
     assert p.push('is"}}\n</tool_call>') == [CallDelta(0, 'is"}')]
@@ -220,3 +225,157 @@ def test_llama3_grammar(tokenizer: Any) -> None:
     assert accepts(tokenizer, g, text)
     assert not accepts(tokenizer, g, '{"name": "get_weather", "arguments": {"city": "Paris"}}')
     assert parse(L, text)[1] == [("get_weather", '{"city": "Paris"}')]
+
+
+# ---- the generic format (templates that never read tools) ----------------------------------
+
+G = Dialect.GENERIC
+
+GENERIC_CASES = [
+    # (reply, content, calls)
+    ('{"response": "Hello!"}', "Hello!", []),
+    ('{"response": "say \\"hi\\"\\n\\u00e9\\ud83d\\ude00 \\\\ / \\/ }"}', 'say "hi"\né😀 \\ / / }', []),
+    ('{"response": "lone \\ud83d surrogate"}', "lone \ufffd surrogate", []),
+    (' { "response" : "spaced" } ', "spaced", []),
+    ('{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}', "", [("get_weather", '{"city": "Paris"}')]),
+    ('{"tool_calls": [{"name": "f", "arguments": {"a": "}]"}}, {"name": "g", "arguments": {}}]}', "",
+     [("f", '{"a": "}]"}'), ("g", "{}")]),  # fmt: skip
+    # keys in another order, or other keys first: read whole when the object closes
+    ('{"tool_call": {"arguments": {"x": [1]}, "name": "f"}}', "", [("f", '{"x": [1]}')]),
+    ('{"id": 1, "tool_calls": [{"name": "f", "arguments": {"x": 1}}]}', "", [("f", '{"x": 1}')]),
+    ('{"id": 1, "response": "late"}', "late", []),
+    # not the format: content, unchanged
+    ("Just text, {not json}.", "Just text, {not json}.", []),
+    ('{"answer": 42}', '{"answer": 42}', []),
+    ('{"tool_calls": []}', '{"tool_calls": []}', []),
+    ('{"tool_call": {"title": "x"}}', '{"tool_call": {"title": "x"}}', []),
+    ("{never closed", "{never closed", []),
+    ('{"resp', '{"resp', []),
+    # cut short (max_tokens): what was decided stands
+    ('{"response": "cut sho', "cut sho", []),
+    ('{"response": "half an escape \\u00', "half an escape ", []),
+    ('{"tool_call": {"name": "f", "arguments": {"a": 1, ', "", [("f", '{"a": 1,')]),
+]
+
+
+@pytest.mark.parametrize("reply,content,calls", GENERIC_CASES)
+def test_generic_parse_at_every_chunk_boundary(reply: str, content: str, calls: list[tuple[str, str]]) -> None:
+    for cuts in every_cutting(reply):
+        got_content, got_calls, events = parse(G, reply, cuts)
+        assert (got_content, got_calls) == (content, calls), cuts
+        check_deltas(events, got_calls)
+
+
+def test_generic_response_streams_as_it_comes() -> None:
+    p = tool_parser(G, lambda: "call_x")
+    assert p.push('{"response": ') == []  # undecided until the string opens
+    assert p.push('"Hel') == ["Hel"]
+    assert p.push('lo\\') == ["lo"]  # an escape is held until it is whole
+    assert p.push('n wor') == ["\n wor"]
+    assert p.push('ld"}') == ["ld"]
+    assert p.flush() == [] and p.calls == []
+
+
+def test_generic_call_streams_before_it_ends() -> None:
+    p = tool_parser(G, lambda: "call_x")
+    assert p.push('{"tool_call": {"name": "f", "arguments": {"city": "Par') == [
+        CallDelta(0, "", "call_x", "f"), CallDelta(0, '{"city": "Par')]  # fmt: skip
+    assert p.push('is"}}}') == [CallDelta(0, 'is"}')]
+    assert p.flush() == []
+
+
+@given(
+    st.lists(st.dictionaries(st.text(alphabet="abc_", min_size=1, max_size=4), _json, max_size=3), min_size=1, max_size=3),
+    st.sampled_from([None, 2]),
+    st.lists(st.integers(min_value=0, max_value=400), max_size=8),
+)
+def test_generic_any_calls_any_chunking(args: list[dict[str, Any]], indent: int | None, cuts: list[int]) -> None:
+    objs = [{"name": f"fn{i}", "arguments": a} for i, a in enumerate(args)]
+    value = {"tool_call": objs[0]} if len(objs) == 1 else {"tool_calls": objs}
+    reply = json.dumps(value, indent=indent, ensure_ascii=False)
+    content, calls, events = parse(G, reply, [c for c in cuts if c <= len(reply)])
+    assert content == ""
+    assert [(n, json.loads(a)) for n, a in calls] == [(f"fn{i}", a) for i, a in enumerate(args)]
+    check_deltas(events, calls)
+
+
+@given(st.text(max_size=12), st.lists(st.integers(min_value=0, max_value=100), max_size=6))
+def test_generic_any_response_any_chunking(text: str, cuts: list[int]) -> None:
+    for ascii_only in (True, False):
+        reply = json.dumps({"response": text}, ensure_ascii=ascii_only)
+        content, calls, _ = parse(G, reply, [c for c in cuts if c <= len(reply)])
+        expected = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        assert (content, calls) == (expected, [])
+
+
+def test_generic_grammar(tokenizer: Any) -> None:
+    auto = generic_grammar([WEATHER, CLOCK], parallel=True, text=True)
+    required = generic_grammar([WEATHER, CLOCK], parallel=True, text=False)
+    single = generic_grammar([CLOCK], parallel=False, text=False)
+    for g in (auto, required, single):
+        assert grammar_error(llguidance_grammar("lark", g)) == ""
+    weather = '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}'
+    both = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {}}]}'
+    answer = '{"response": "It is sunny."}'
+    assert accepts(tokenizer, auto, weather) and accepts(tokenizer, auto, both) and accepts(tokenizer, auto, answer)
+    assert accepts(tokenizer, required, weather) and accepts(tokenizer, required, both)
+    assert not accepts(tokenizer, required, answer)  # required: no text answer
+    assert not accepts(tokenizer, auto, "It is sunny.")
+    assert not accepts(tokenizer, auto, '{"tool_call": {"name": "get_weather", "arguments": {"city": 3}}}')
+    assert not accepts(tokenizer, auto, '{"tool_call": {"name": "other", "arguments": {}}}')
+    assert not accepts(tokenizer, auto, '{"tool_calls": []}')
+    assert not accepts(tokenizer, auto, '{"tool_call": {"name": "get_weather",\n "arguments": {"city": "Paris"}}}')
+    assert accepts(tokenizer, single, '{"tool_call": {"name": "get_time", "arguments": {}}}')
+    assert not accepts(tokenizer, single, weather)  # named: only that tool
+    assert not accepts(tokenizer, single, '{"tool_calls": [{"name": "get_time", "arguments": {}}]}')  # not parallel
+    # what the grammar accepts, the parser reads
+    assert parse(G, both)[1] == [("get_weather", '{"city": "Paris"}'), ("get_time", "{}")]
+    assert parse(G, answer)[0] == "It is sunny."
+
+
+def test_generic_instruction_names_only_the_allowed_forms() -> None:
+    auto = generic_instruction([WEATHER, CLOCK], "auto", parallel=True)
+    assert '"tool_call"' in auto and '"tool_calls"' in auto and '"response"' in auto
+    assert '{"name": "get_weather", "parameters": {"type": "object"' in auto
+    assert '{"name": "get_time", "parameters": {"type": "object"}}' in auto
+    required = generic_instruction([WEATHER], "required", parallel=False)
+    assert '"response"' not in required and '"tool_calls"' not in required and "must call a tool" in required
+    assert "must call the tool get_time" in generic_instruction([CLOCK], "named", True, named="get_time")
+
+
+def test_generic_messages_render_tool_turns_as_text() -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    history = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 25 C"},
+        {"role": "tool", "tool_call_id": "call_unknown", "content": "?"},
+    ]
+    out = generic_messages(history, "INSTRUCTION")
+    assert [m["role"] for m in out] == ["system", "user", "assistant", "user"]
+    assert out[0]["content"] == "Be brief.\n\nINSTRUCTION"
+    assert json.loads(out[2]["content"]) == {"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    assert "tool_calls" not in out[2]
+    first, second = (json.loads(line) for line in out[3]["content"].splitlines())
+    assert first == {"tool_result": {"name": "get_weather", "content": "Sunny, 25 C"}}
+    assert second == {"tool_result": {"tool_call_id": "call_unknown", "content": "?"}}
+    # no system message: one is added; no instruction (tool_choice none): none added
+    assert generic_messages(history[1:2], "I")[0] == {"role": "system", "content": "I"}
+    assert generic_messages(history[1:2], None) == history[1:2]
+    two = {**history[2], "content": "Checking.", "tool_calls": [call, {**call, "id": "call_2"}]}
+    text = generic_messages([two], None)[0]["content"]
+    assert text.startswith("Checking.\n") and len(json.loads(text.split("\n", 1)[1])["tool_calls"]) == 2
+
+
+def test_generic_opt_out_key(tmp_path: Any) -> None:
+    from strata_core.config import ConfigError, load_config
+
+    assert load_config(env={}).tools.generic is True
+    assert load_config(env={"STRATA_TOOLS_GENERIC": "false"}).tools.generic is False
+    path = tmp_path / "strata.toml"
+    path.write_text("[tools]\ngeneric = false\n")
+    assert load_config(path, env={}).tools.generic is False
+    path.write_text("[tools]\ngeneric_format = false\n")
+    with pytest.raises(ConfigError, match="generic_format"):
+        load_config(path, env={})

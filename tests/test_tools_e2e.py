@@ -374,3 +374,160 @@ def test_llama3_form_over_http(cpu_engine: EngineBuild, default_model: Path, tmp
         streamed = [(d.function.name, "".join(x.function.arguments or "" for x in deltas if x.index == d.index))
                     for d in deltas if d.id]  # fmt: skip
         assert streamed == [(t.function.name, t.function.arguments) for t in c.message.tool_calls]
+
+
+# ---- the generic format: the default model, whose template never reads tools ----------------
+#
+# The server shows the tools in the system message and constrains the reply to one JSON
+# object, a response or calls (strata_core/text/generic_tools.py).
+
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, CLOCK)}
+PARIS = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def plain(server: Server) -> openai.OpenAI:
+    """The default model as it is: its chat template never mentions tools."""
+    return openai.OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0, timeout=TIMEOUT)
+
+
+def prompt_text(server: Server, **body: Any) -> str:
+    r = httpx.post(f"{server.base}/tokenize", json={**body, "with_pieces": True}, timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    return "".join(t["piece"] for t in r.json()["tokens"])
+
+
+def streamed_calls(chunks: Any) -> tuple[list[Any], str, list[str]]:
+    deltas, content, finishes = [], "", []
+    for chunk in chunks:
+        if not chunk.choices:
+            continue
+        ch = chunk.choices[0]
+        deltas += ch.delta.tool_calls or []
+        content += ch.delta.content or ""
+        if ch.finish_reason:
+            finishes.append(ch.finish_reason)
+    return deltas, content, finishes
+
+
+def joined_calls(deltas: list[Any]) -> list[tuple[str, str]]:
+    """(name, arguments) of each streamed call; each call's first delta carries index, id,
+    type and name, the later ones none of these but the index."""
+    out = []
+    for i in sorted({d.index for d in deltas}):
+        first, *rest = [d for d in deltas if d.index == i]
+        assert first.id and first.id.startswith("call_") and first.type == "function" and first.function.name
+        assert all(d.id is None and d.function.name is None for d in rest)
+        out.append((first.function.name, "".join(d.function.arguments or "" for d in (first, *rest))))
+    return out
+
+
+def test_generic_required_gives_a_valid_call_streamed_with_index_and_id(plain: openai.OpenAI, server: Server) -> None:
+    # the fixture: the template never reads tools, so the server shows them itself
+    assert "get_weather" not in prompt_text(server, messages=PARIS)
+    assert '{"tool_call": ' in prompt_text(server, messages=PARIS, tools=[WEATHER, CLOCK])
+    kw: dict[str, Any] = {"model": "default", "messages": PARIS, "tools": [WEATHER, CLOCK],
+                          "tool_choice": "required", "max_tokens": 100}  # fmt: skip
+    c = plain.chat.completions.create(**kw).choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.tool_calls and c.message.content is None
+    for call in c.message.tool_calls:
+        assert call.type == "function" and call.id.startswith("call_") and call.function.name in SCHEMAS
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+    deltas, content, finishes = streamed_calls(plain.chat.completions.create(**kw, stream=True))
+    assert deltas and deltas[0].index == 0 and deltas[0].id and deltas[0].function.name
+    assert joined_calls(deltas) == [(t.function.name, t.function.arguments) for t in c.message.tool_calls]
+    assert content == "" and finishes == ["tool_calls"]
+
+
+def test_generic_named_tool_choice(plain: openai.OpenAI) -> None:
+    named = {"type": "function", "function": {"name": "get_time"}}
+    r = plain.chat.completions.create(model="default", messages=PARIS, tools=[WEATHER, CLOCK],
+                                      tool_choice=named, max_tokens=100)  # type: ignore[arg-type]  # fmt: skip
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.tool_calls
+    for call in c.message.tool_calls:
+        assert call.function.name == "get_time"
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS["get_time"])
+
+
+def test_generic_tool_choice_none_is_text_without_the_tools(plain: openai.OpenAI, server: Server) -> None:
+    kw: dict[str, Any] = {"model": "default", "messages": PARIS, "tools": [WEATHER], "max_tokens": 20}
+    r = plain.chat.completions.create(**kw, tool_choice="none")
+    c = r.choices[0]
+    assert c.message.tool_calls is None and c.finish_reason != "tool_calls" and c.message.content
+    assert not c.message.content.lstrip().startswith("{")  # free text, not the format
+    # the tools are not shown: the prompt is the one without tools
+    assert r.usage is not None and r.usage.prompt_tokens == len(
+        httpx.post(f"{server.base}/tokenize", json={"messages": PARIS}, timeout=TIMEOUT).json()["tokens"])  # fmt: skip
+
+
+def test_generic_auto_answers_in_text_or_a_valid_call(plain: openai.OpenAI) -> None:
+    kw: dict[str, Any] = {"model": "default", "tools": [WEATHER, CLOCK], "max_tokens": 60}
+    for messages in (PARIS, [{"role": "user", "content": "Say hello."}]):
+        c = plain.chat.completions.create(**kw, messages=messages).choices[0]
+        if c.message.tool_calls:
+            assert c.finish_reason == "tool_calls" and c.message.content is None
+            for call in c.message.tool_calls:
+                jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+        else:
+            # the response's text, unwrapped: never the JSON the model wrote around it
+            assert c.message.content and '"response"' not in c.message.content
+        deltas, content, _ = streamed_calls(plain.chat.completions.create(**kw, messages=messages, stream=True))
+        if c.message.tool_calls:
+            assert joined_calls(deltas) == [(t.function.name, t.function.arguments) for t in c.message.tool_calls]
+        else:
+            assert not deltas and content == c.message.content
+
+
+# It answered with two calls at once before: greedy, it does again when parallel calls are
+# allowed; with parallel_tool_calls false the grammar admits one call only.
+TWO_CALLS = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}, ' \
+            '{"name": "get_time", "arguments": {"city": "Paris"}}]}'  # fmt: skip
+TWICE = [
+    {"role": "user", "content": "Weather and time in Paris?"},
+    {"role": "assistant", "content": TWO_CALLS},
+    {"role": "user", "content": "Weather and time in Paris?"},
+]
+
+
+def test_generic_parallel_calls(plain: openai.OpenAI) -> None:
+    kw: dict[str, Any] = {"model": "default", "messages": TWICE, "tools": [WEATHER, CLOCK],
+                          "tool_choice": "required", "max_tokens": 100}  # fmt: skip
+    c = plain.chat.completions.create(**kw).choices[0]
+    calls = [(t.function.name, json.loads(t.function.arguments)) for t in c.message.tool_calls or []]
+    assert calls == [("get_weather", {"city": "Paris"}), ("get_time", {"city": "Paris"})]
+    assert len({t.id for t in c.message.tool_calls or []}) == 2
+    deltas, _, finishes = streamed_calls(plain.chat.completions.create(**kw, stream=True))
+    assert [(n, json.loads(a)) for n, a in joined_calls(deltas)] == calls and finishes == ["tool_calls"]
+    one = plain.chat.completions.create(**kw, parallel_tool_calls=False).choices[0]
+    assert len(one.message.tool_calls or []) == 1
+
+
+def test_generic_tool_result_round_trip(plain: openai.OpenAI, server: Server) -> None:
+    history = [
+        *PARIS,
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_paris", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_paris", "content": "Sunny, 25 C"},
+    ]  # fmt: skip
+    # the call and its result reach the prompt as text the model can read
+    text = prompt_text(server, messages=history, tools=[WEATHER])
+    assert '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}' in text
+    assert '{"tool_result": {"name": "get_weather", "content": "Sunny, 25 C"}}' in text
+    assert "<|im_start|>tool" not in text
+    c = plain.chat.completions.create(model="default", messages=history, tools=[WEATHER],  # type: ignore[arg-type]
+                                      max_tokens=60).choices[0]  # fmt: skip
+    assert c.message.content or c.message.tool_calls
+
+
+def test_generic_opt_out_refuses_tools(cpu_engine: EngineBuild, tmp_path: Path) -> None:
+    env = {"STRATA_TOOLS_GENERIC": "false"}
+    with Server(["--backend", "cpu", "--parallel", "1", "--n-ctx", "512"], tmp_path / "server.log", env=env) as srv:
+        r = httpx.post(f"{srv.base}/v1/chat/completions", timeout=TIMEOUT,
+                       json={"messages": PARIS, "tools": [WEATHER], "max_tokens": 2})  # fmt: skip
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "tools" and err["code"] == "unsupported_value" and "generic" in err["message"]
+        ok = httpx.post(f"{srv.base}/v1/chat/completions", timeout=TIMEOUT, json={"messages": PARIS, "max_tokens": 2})
+        assert ok.status_code == 200

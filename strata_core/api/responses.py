@@ -174,7 +174,7 @@ async def create_response(request: Request) -> Response:
     service = await service_for(request, req.model)
     store = store_of(request)
     conversation = req.conversation(store.history(req))
-    run = await service.start_chat(req.chat_request(conversation), "input", "max_output_tokens")
+    run = await service.start_chat(req.chat_request(conversation), "input", "max_output_tokens", "text.format")
     reply = Reply(f"resp_{uuid.uuid4().hex}", service.model_id, req, bodies.now())
     headers = {"x-strata-seed": str(run.seed)}
     if req.stream:

@@ -33,10 +33,11 @@ from strata_core.requests import BaseRequest, ChatRequest
 from strata_core.sampling import REQUEST_PARAMS, gen_options, max_new_tokens, resolve_seed
 from strata_core.text.chat import FALLBACK_TEMPLATE, ChatTemplate, TemplateError
 from strata_core.text.choice import ChatShape, ChoiceText, Delta, carry
+from strata_core.text.generic_tools import generic_grammar, generic_instruction, generic_messages
 from strata_core.text.grammars import grammar_error, llguidance_grammar
 from strata_core.text.reasoning import prompt_opens_think
 from strata_core.text.structured import Constraint, constraint_for
-from strata_core.text.tools import call_grammar
+from strata_core.text.tools import Dialect, call_grammar
 
 T = TypeVar("T")
 
@@ -180,21 +181,36 @@ class Service:
             ids.insert(0, bos)
         return ids
 
+    @property
+    def tool_dialect(self) -> Dialect | None:
+        """How the model calls tools: its template's dialect, else (``[tools] generic``) the
+        generic format the server shows it; None: it cannot."""
+        dialect = self.template.tool_dialect if self.template is not None else None
+        if dialect is None and self.config.tools.generic:
+            return Dialect.GENERIC
+        return dialect
+
     async def chat_prompt(self, req: ChatRequest) -> tuple[list[int], ChatShape]:
         """The prompt's token ids, and how the reply will be cut up."""
         assert self.template is not None
-        dialect = self.template.tool_dialect
+        dialect = self.tool_dialect
         if req.tools and dialect is None:
             raise ApiError(
                 400,
                 "this model's chat template does not support tools (it never reads them), "
-                "so the model would not see them; leave tools out",
+                "so the model would not see them, and this server's generic tool format is "
+                "off ([tools] generic = false); leave tools out",
                 param="tools",
                 code="unsupported_value",
             )
         mode = req.tool_mode()
         tools = None if mode == "none" else [t.template_view() for t in req.tools or ()]
         messages = [m.template_view() for m in req.messages]
+        if dialect is Dialect.GENERIC:  # the template reads neither tools nor tool messages
+            named = req.forced_tools()[0].function.name if mode == "named" else None
+            parallel = req.parallel_tool_calls is not False
+            instruction = None if tools is None else generic_instruction(tools, mode, parallel, named)
+            messages, tools = generic_messages(messages, instruction), None
         try:
             text = self.template.render(
                 messages, add_generation_prompt=True, tools=tools, **(req.chat_template_kwargs or {})
@@ -204,14 +220,27 @@ class Service:
         shape = ChatShape(prompt_opens_think(text), None if mode == "none" else dialect)
         return await self.engine.tokenize(text, special=True), shape
 
-    def tool_grammar(self, req: ChatRequest) -> str | None:
-        """The grammar option forcing a call for tool_choice required / named."""
+    def tool_grammar(self, req: ChatRequest, format_param: str = "response_format") -> str | None:
+        """The grammar option of a request with tools: forcing a call for tool_choice
+        required / named; in the generic format also for auto (a response or calls).
+        ``format_param``: the family's name of response_format, for errors."""
         mode = req.tool_mode()
-        if mode not in ("required", "named"):
+        dialect = self.tool_dialect
+        generic = dialect is Dialect.GENERIC
+        if mode == "none" or (mode == "auto" and not generic):
             return None
-        dialect = self.template.tool_dialect if self.template is not None else None
         assert dialect is not None  # chat_prompt refused tools without one
+        if generic and mode == "auto" and req.response_format is not None and req.response_format.type != "text":
+            raise ApiError(
+                400,
+                "on this model tools use the generic format, whose grammar constrains the reply "
+                f"as {format_param} would; send one of them (or tool_choice 'none')",
+                param=format_param,
+                code="unsupported_value",
+            )
         if "grammar" not in self.engine.info.get("capabilities", ()):
+            if mode == "auto":  # unconstrained: the parser still reads what the model writes
+                return None
             raise ApiError(
                 400,
                 f"tool_choice {mode!r} needs constrained decoding, which this engine does not "
@@ -220,7 +249,11 @@ class Service:
                 code="unsupported_value",
             )
         tools = [t.template_view() for t in req.forced_tools()]
-        grammar = call_grammar(tools, dialect, parallel=req.parallel_tool_calls is not False)
+        parallel = req.parallel_tool_calls is not False
+        if generic:
+            grammar = generic_grammar(tools, parallel, text=mode == "auto")
+        else:
+            grammar = call_grammar(tools, dialect, parallel=parallel)
         problem = grammar_error(llguidance_grammar("lark", grammar))
         if problem:
             raise ApiError(400, f"the tools' parameters cannot be enforced: {problem}", param="tools",
@@ -262,13 +295,15 @@ class Service:
             grammar = constraint.gen_value()
         return grammar, constraint
 
-    async def start_chat(self, req: ChatRequest, param: str, limit_param: str) -> ChatRun:
+    async def start_chat(
+        self, req: ChatRequest, param: str, limit_param: str, format_param: str = "response_format"
+    ) -> ChatRun:
         """The one choice of a chat request started, for the API families that answer with
-        one choice (Responses, Messages); ``param`` / ``limit_param`` are their names of
-        the conversation and the token limit, for errors."""
+        one choice (Responses, Messages); ``param`` / ``limit_param`` / ``format_param`` are
+        their names of the conversation, the token limit and the reply's format, for errors."""
         self.ready()
         prompt, shape = await self.chat_prompt(req)
-        grammar, constraint = self.constrain(req, self.tool_grammar(req))
+        grammar, constraint = self.constrain(req, self.tool_grammar(req, format_param))
         seed = resolve_seed(req.seed)
         max_new = self.check_lengths(prompt, req, param, limit_param)
         opts = self.options(req, seed=seed, max_tokens=max_new, grammar=grammar)

@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 
 from strata_core.reader import TokenEvent, Usage
 from strata_core.text.detokenize import Detokenizer, StopMatcher
+from strata_core.text.generic_tools import tool_parser
 from strata_core.text.logprobs import Aligner, Entry, Span
 from strata_core.text.reasoning import Piece, ThinkSplitter
-from strata_core.text.tools import CallDelta, Dialect, ToolCall, ToolCallParser, split_events
+from strata_core.text.tools import CallDelta, Dialect, ToolCall, split_events
 
 
 @dataclass
@@ -69,7 +70,7 @@ class ChoiceText:
         self._detok = Detokenizer(pieces)
         self._aligner = None if alternatives is None else Aligner(pieces, alternatives)
         self._think = None if shape is None else ThinkSplitter(shape.thinking)
-        self._tools = None if shape is None or shape.dialect is None else ToolCallParser(shape.dialect)
+        self._tools = None if shape is None or shape.dialect is None else tool_parser(shape.dialect)
         self._spans: dict[str, Span] = {}  # "reasoning" / "content", opened at their start
         self._released = 0  # characters of the text shown so far
         self.stopped = False

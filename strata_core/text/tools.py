@@ -8,6 +8,9 @@ Dialects:
 * ``llama3`` (Llama 3.1+ JSON tool calling): the whole reply is ``{"name": ...,
   "parameters"|"arguments": {...}}``, optionally after ``<|python_tag|>``; several calls
   are separated by ``;`` or whitespace.
+* ``generic`` (any model whose template never reads ``tools``): the server shows the tools
+  itself and the whole reply is one JSON object, a response or the calls
+  (``text/generic_tools.py``).
 
 Parser rules (tests/test_tools.py checks each, at every chunk boundary):
 
@@ -43,11 +46,13 @@ PYTHON_TAG = "<|python_tag|>"
 class Dialect(str, Enum):
     HERMES = "hermes"
     LLAMA3 = "llama3"
+    GENERIC = "generic"
 
 
 def detect_dialect(template: str) -> Dialect | None:
     """The tool-call dialect of a chat template; None when the template never reads
-    ``tools`` (then it cannot show the model any tool)."""
+    ``tools`` (then it cannot show the model any tool: the server may use the generic
+    format, which it shows itself)."""
     if not re.search(r"\btools\b", template):
         return None
     return Dialect.HERMES if HERMES_OPEN in template else Dialect.LLAMA3
@@ -350,7 +355,7 @@ class ToolCallParser:
         assert self._body is not None
         out.append(self._opener + self._body.text)
         self._body = None
-        self._state = "content" if self.dialect is Dialect.LLAMA3 else "start"
+        self._state = "start" if self.dialect is Dialect.HERMES else "content"
 
     def _start_call(self, name: str, out: list[Event]) -> None:
         call_id = self._new_id()
