@@ -114,10 +114,13 @@ class HipBackend(Backend):
             )
         devices, said = self.find_gpus()
         if not devices:
+            # The toolchain alone builds engines (for STRATA_HIP_TARGETS), so say it is there.
             return Probe(
                 ProbeStatus.NO_DEVICE,
-                f"no AMD GPU found: {'; '.join(said)} (check that the amdgpu driver is loaded "
-                "and that you are in the render and video groups)",
+                f"toolchain ok (HIP {out.strip()}, {hipconfig}), no device: no AMD GPU found: "
+                f"{'; '.join(said)} (check that the amdgpu driver is loaded and that you are "
+                "in the render and video groups; `strata engine build --backend hip` still "
+                "builds for the targets in STRATA_HIP_TARGETS)",
                 toolchain=toolchain,
             )
         targets = ", ".join(sorted({d.arch or "" for d in devices}))
