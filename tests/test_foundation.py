@@ -51,7 +51,7 @@ def test_backends_json_lists_all_five() -> None:
         assert rows[name]["reason"] == probe.reason
         assert rows[name]["verified_on_hardware"] is (name == "cuda")  # docs/backends/cuda.md
         # a build against the real toolchain is recorded in docs/backends/<name>.md
-        assert rows[name]["build_verified"] is (name in {"cuda"}), rows[name]
+        assert rows[name]["build_verified"] is (name in {"cuda", "hip"}), rows[name]
     assert rows["cpu"]["build_verified"] is True
 
 
@@ -60,6 +60,7 @@ def test_backends_text_marks_what_is_verified() -> None:
     assert done.returncode == 0, done.stderr
     lines = {line.split()[0]: line for line in done.stdout.splitlines() if not line[:1].isspace()}
     assert "unverified" not in lines["cpu"] and "unverified" not in lines["cuda"]
+    assert lines["hip"].endswith("[build verified, unverified on hardware]")
     assert lines["sycl"].endswith("  [unverified on hardware]") and "build" not in lines["sycl"]
 
 

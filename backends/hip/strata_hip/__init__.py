@@ -60,6 +60,8 @@ def parse_amd_smi(text: str) -> list[Device]:
 
 class HipBackend(Backend):
     name = "hip"
+    #: Built against Debian's HIP 6.4 toolchain for gfx1100;gfx942 (docs/backends/hip.md).
+    build_verified = True
 
     def __init__(
         self, env: Mapping[str, str] | None = None, default_home: str = "/opt/rocm"
