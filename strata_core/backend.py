@@ -79,6 +79,10 @@ class Backend(ABC):
     api_version: ClassVar[int] = API_VERSION
     #: True once a conformance run on real hardware is recorded in docs/backends/<name>.md.
     verified_on_hardware: ClassVar[bool] = False
+    #: True once ``strata engine build`` for this backend has succeeded against its real
+    #: toolchain and docs/backends/<name>.md records how (a build proves the recipe, not
+    #: that the engine runs: that is ``verified_on_hardware``).
+    build_verified: ClassVar[bool] = False
     #: Conformance tests this backend is known to fail: test name -> why. The kit marks
     #: them as expected failures (strict), so they are reported, never skipped.
     expected_failures: ClassVar[Mapping[str, str]] = {}

@@ -38,6 +38,7 @@ def backend_rows(reg: Registry) -> list[dict[str, Any]]:
                 "status": probe.status.value,
                 "reason": probe.reason,
                 "verified_on_hardware": lb.backend.verified_on_hardware,
+                "build_verified": lb.backend.build_verified,
                 "devices": [vars(d) for d in probe.devices],
                 "toolchain": dict(probe.toolchain),
             }
@@ -51,6 +52,7 @@ def backend_rows(reg: Registry) -> list[dict[str, Any]]:
                 "status": "broken",
                 "reason": b.error,
                 "verified_on_hardware": False,
+                "build_verified": False,
                 "devices": [],
                 "toolchain": {},
             }
@@ -64,7 +66,12 @@ def cmd_backends(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     for r in rows:
-        note = "" if r["verified_on_hardware"] else "  [unverified on hardware]"
+        if r["verified_on_hardware"]:
+            note = ""
+        elif r["build_verified"]:
+            note = "  [build verified, unverified on hardware]"
+        else:
+            note = "  [unverified on hardware]"
         print(f"{r['name']:<6} {r['status']:<21} {r['distribution']} {r['version']}{note}")
         print(f"       {r['reason']}")
         for d in r["devices"]:
@@ -95,7 +102,7 @@ def cmd_engine_build(args: argparse.Namespace) -> int:
     from strata_core.api.launch import engine_for
 
     cfg = _config(args)
-    backend, build = engine_for(cfg)
+    backend, build = engine_for(cfg, build_only=True)
     print(f"{backend.name} engine: {build.path.parent}")
     return 0
 

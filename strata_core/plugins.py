@@ -18,7 +18,7 @@ from typing import cast
 import pluggy
 
 from strata_core import hookspecs
-from strata_core.backend import API_VERSION, Backend
+from strata_core.backend import API_VERSION, Backend, ProbeStatus
 
 ENTRY_POINT_GROUP = "strata.backends"
 
@@ -117,8 +117,11 @@ def load_registry() -> Registry:
 AUTO_ORDER = ("cuda", "hip", "sycl", "metal", "cpu")
 
 
-def select_backend(reg: Registry, requested: str) -> Backend:
-    """``auto`` takes the first backend whose probe is ok; a named one must be ok."""
+def select_backend(reg: Registry, requested: str, for_build: bool = False) -> Backend:
+    """``auto`` takes the first backend whose probe is ok; a named one must be ok. With
+    ``for_build`` a named one whose toolchain is there but that sees no device will do:
+    an engine can be built on a machine without the GPU (its build spec then needs the
+    targets named, e.g. STRATA_HIP_TARGETS)."""
     if requested == "auto":
         for name in AUTO_ORDER:
             if name in reg.backends and reg.backends[name].backend.probe().ok:
@@ -126,6 +129,8 @@ def select_backend(reg: Registry, requested: str) -> Backend:
         raise BackendError("no backend can run here (not even cpu); run `strata doctor`")
     backend = reg.get(requested)
     probe = backend.probe()
+    if for_build and probe.status is ProbeStatus.NO_DEVICE:
+        return backend
     if not probe.ok:
         others = [
             n for n, lb in sorted(reg.backends.items()) if n != requested and lb.backend.probe().ok

@@ -6,6 +6,7 @@ mapping whose PATH holds only them, so nothing on the host (a real nvcc, say) le
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 
@@ -19,7 +20,8 @@ from strata_core.backend import Backend, ProbeStatus
 from strata_core.backends.cpu import cpu_cmake_args
 from strata_core.build import BuildError
 from strata_core.config import EngineConfig
-from strata_core.plugins import Registry
+from strata_core.hookspecs import hookimpl
+from strata_core.plugins import BackendError, Registry, select_backend
 
 
 def fake(bindir: Path, name: str, out: str = "", rc: int = 0, **by_arg: str) -> Path:
@@ -365,11 +367,47 @@ def test_hip_falls_back_to_amd_smi(env, bindir, tmp_path) -> None:
 
 
 def test_hip_no_gpu_is_no_device_naming_each_tool(env, bindir, tmp_path) -> None:
-    fake(bindir, "hipconfig", **HIPCONFIG)
+    hipconfig = fake(bindir, "hipconfig", **HIPCONFIG)
     fake(bindir, "rocminfo", "Unable to open /dev/kfd read-write", rc=1)
     probe = hip(env, tmp_path).probe()
     assert probe.status is ProbeStatus.NO_DEVICE
+    assert probe.reason.startswith(f"toolchain ok (HIP 6.1.40091-a8dbc0c19, {hipconfig}), no device")
     assert "rocminfo failed" in probe.reason and "amd-smi not found" in probe.reason
+    assert "STRATA_HIP_TARGETS" in probe.reason
+
+
+# What Debian's packages answer (hipcc, libamdhip64-dev 6.4 and clang-21 from sid): HIP
+# and ROCm under /usr, clang in LLVM's own directory; rocminfo without the amdgpu driver.
+HIPCONFIG_DEBIAN = {"--version": "6.4.43484-9999", "-l": "/usr/lib/llvm-21/bin", "-R": "/usr"}
+ROCMINFO_NO_DRIVER = "\x1b[31mROCk module is NOT loaded, possibly no GPU devices\x1b[0m"
+
+
+def test_hip_debian_layout_builds_for_named_targets(env, bindir, tmp_path) -> None:
+    fake(bindir, "hipconfig", **HIPCONFIG_DEBIAN)
+    fake(bindir, "rocminfo", ROCMINFO_NO_DRIVER, rc=1)
+    backend = hip({**env, "STRATA_HIP_TARGETS": "gfx1100;gfx942"}, tmp_path)
+    probe = backend.probe()
+    assert probe.status is ProbeStatus.NO_DEVICE
+    assert probe.reason.startswith("toolchain ok (HIP 6.4.43484-9999, ")
+    spec = backend.build_spec()
+    assert cmake_value(spec.cmake_args, "GPU_TARGETS") == "gfx1100;gfx942"
+    assert spec.env == {"HIPCXX": "/usr/lib/llvm-21/bin/clang", "HIP_PATH": "/usr"}
+
+
+@pytest.mark.skipif(
+    HipBackend().find("hipconfig") is None, reason="no HIP toolchain on this machine"
+)
+def test_hip_real_toolchain(tmp_path) -> None:
+    """Against the HIP toolchain installed here: the probe finds it, the build spec's
+    compiler exists. Only a GPU may be missing (no_device is the honest answer then)."""
+    backend = HipBackend({**dict(os.environ), "STRATA_HIP_TARGETS": "gfx1100;gfx942"})
+    probe = backend.probe()
+    assert probe.status in {ProbeStatus.OK, ProbeStatus.NO_DEVICE}, probe.reason
+    if probe.status is ProbeStatus.NO_DEVICE:
+        assert probe.reason.startswith("toolchain ok (HIP "), probe.reason
+    spec = backend.build_spec()
+    assert Path(spec.env["HIPCXX"]).is_file(), spec.env
+    assert (Path(spec.env["HIP_PATH"]) / "include" / "hip" / "hip_runtime.h").is_file(), spec.env
 
 
 def test_hip_build_spec(env, bindir, tmp_path) -> None:
@@ -571,4 +609,31 @@ def test_each_plugin_registers_one_backend() -> None:
         assert loaded.backend.name == name
         # verified exactly when its doc records a green conformance run on its hardware
         doc = Path(__file__).resolve().parents[1] / "docs" / "backends" / f"{name}.md"
-        assert loaded.backend.verified_on_hardware == ("conformance green" in doc.read_text()), name
+        text = doc.read_text()
+        assert loaded.backend.verified_on_hardware == ("conformance green" in text), name
+        # build verified when its doc records a build against the real toolchain (or a run)
+        verified = loaded.backend.verified_on_hardware or "## Build verified" in text
+        assert loaded.backend.build_verified == verified, name
+
+
+def test_a_backend_with_its_toolchain_but_no_device_builds_but_does_not_run(
+    env, bindir, tmp_path
+) -> None:
+    fake(bindir, "hipconfig", **HIPCONFIG_DEBIAN)
+    fake(bindir, "rocminfo", ROCMINFO_NO_DRIVER, rc=1)
+    backend = hip(env, tmp_path)
+
+    class Plugin:
+        @hookimpl
+        def strata_backends(self) -> list[Backend]:
+            return [backend]
+
+    reg = Registry()
+    reg.register(Plugin(), "hip", "strata-hip", "0.1.0")
+    reg.collect()
+    with pytest.raises(BackendError, match="backend 'hip' is not available: toolchain ok"):
+        select_backend(reg, "hip")  # serving needs a device
+    assert select_backend(reg, "hip", for_build=True) is backend  # `strata engine build`
+    (bindir / "hipconfig").unlink()
+    with pytest.raises(BackendError, match="hipconfig not found"):
+        select_backend(reg, "hip", for_build=True)  # no toolchain: nothing to build with

@@ -26,11 +26,12 @@ def offload(e: EngineConfig, backend: Backend) -> tuple[int, bool]:
             d.flash_attn if e.flash_attn is None else e.flash_attn)  # fmt: skip
 
 
-def engine_for(cfg: Config) -> tuple[Backend, EngineBuild]:
+def engine_for(cfg: Config, build_only: bool = False) -> tuple[Backend, EngineBuild]:
     """The backend [engine] names and its engine build (built now if needed), after the
     checks that need the backend (a split llama.cpp refuses), before a build that may take
-    minutes."""
-    backend = select_backend(load_registry(), cfg.engine.backend)
+    minutes. ``build_only``: the engine is built, not run, so a backend whose toolchain is
+    there but that sees no device will do."""
+    backend = select_backend(load_registry(), cfg.engine.backend, for_build=build_only)
     n_gpu_layers, flash_attn = offload(cfg.engine, backend)
     check_split(cfg.engine.split_mode, flash_attn, n_gpu_layers)
     return backend, ensure_engine(backend, cfg.engine.llama_cpp, log=lambda m: print(m, file=sys.stderr))

@@ -28,6 +28,7 @@ def cpu_cmake_args(flags: Set[str], machine: str) -> tuple[str, ...]:
 class CpuBackend(Backend):
     name = "cpu"
     verified_on_hardware = True
+    build_verified = True
 
     def probe(self) -> Probe:
         compiler = which("c++") or which("g++") or which("clang++")

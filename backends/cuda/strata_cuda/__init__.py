@@ -91,6 +91,7 @@ class CudaBackend(Backend):
     name = "cuda"
     #: Conformance all green on an H200, recorded in docs/backends/cuda.md (2026-12-03).
     verified_on_hardware = True
+    build_verified = True
 
     def __init__(
         self, env: Mapping[str, str] | None = None, default_home: str = "/usr/local/cuda"
