@@ -30,11 +30,11 @@ from strata_core.text.tools import (
     CallDelta,
     Dialect,
     Event,
+    JsonScan,
     ToolCallParser,
-    _enforced,
-    _merged,
-    _Scan,
     call_schema,
+    enforced_schema,
+    merged_events,
     new_call_id,
 )
 
@@ -136,7 +136,7 @@ def generic_schema(tools: Sequence[Mapping[str, Any]], parallel: bool, text: boo
 
 def generic_grammar(tools: Sequence[Mapping[str, Any]], parallel: bool, text: bool) -> str:
     """A Lark grammar (llguidance's, with ``%json``) of one reply in the generic format."""
-    schema = _enforced(generic_schema(tools, parallel, text))
+    schema = enforced_schema(generic_schema(tools, parallel, text))
     return "start: %json " + json.dumps(schema, ensure_ascii=False) + "\n"
 
 
@@ -212,7 +212,7 @@ class GenericParser(ToolCallParser):
         super().__init__(Dialect.GENERIC, new_id)
         self._in_list = False
         self._held = ""  # text consumed but not decided (the object's head before a list)
-        self._scan = _Scan()  # "whole": where the held object stands
+        self._scan = JsonScan()  # "whole": where the held object stands
         self._scanned = 0
 
     def _step(self, out: list[Event]) -> None:
@@ -377,7 +377,7 @@ class GenericParser(ToolCallParser):
             out.append(self._buf)  # a response's incomplete escape is dropped
         self._buf = self._held = ""
         self._state = "done"
-        return _merged(out)
+        return merged_events(out)
 
 
 def tool_parser(dialect: Dialect, new_id: Callable[[], str] = new_call_id) -> ToolCallParser:

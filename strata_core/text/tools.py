@@ -105,7 +105,7 @@ _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:argument
 
 
 @dataclass
-class _Scan:
+class JsonScan:
     """Where JSON text stands: nesting depth, inside a string, after a backslash."""
 
     depth: int = 0
@@ -143,7 +143,7 @@ class _Body:
     """
 
     text: str = ""
-    scan: _Scan = field(default_factory=_Scan)
+    scan: JsonScan = field(default_factory=JsonScan)
     name: str | None = None
     args_at: int | None = None  # where the arguments value starts in text
     args_end: int | None = None  # where it ended
@@ -248,7 +248,7 @@ class ToolCallParser:
             self._step(out)
             if (self._state, len(self._buf)) == before:
                 break
-        return _merged(out)
+        return merged_events(out)
 
     def flush(self) -> list[Event]:
         out: list[Event] = []
@@ -264,7 +264,7 @@ class ToolCallParser:
             out.append(self._buf)
         self._buf = ""
         self._state = "done"
-        return _merged(out)
+        return merged_events(out)
 
     # -- states --
 
@@ -380,7 +380,7 @@ class ToolCallParser:
         self._buf = self._buf[n:]
 
 
-def _merged(events: list[Event]) -> list[Event]:
+def merged_events(events: list[Event]) -> list[Event]:
     out: list[Event] = []
     for e in events:
         if isinstance(e, str) and out and isinstance(out[-1], str):
@@ -412,7 +412,7 @@ def call_schema(tool: Mapping[str, Any], dialect: Dialect) -> dict[str, Any]:
     }
 
 
-def _enforced(schema: dict[str, Any]) -> dict[str, Any]:
+def enforced_schema(schema: dict[str, Any]) -> dict[str, Any]:
     # JSON written as structured outputs write it: no free whitespace, which a small
     # model would otherwise pad with until max_tokens.
     return {**schema, "x-guidance": JSON_STYLE}
@@ -427,7 +427,7 @@ def call_grammar(tools: Sequence[Mapping[str, Any]], dialect: Dialect, parallel:
     call (or, with ``parallel``, one or more) to one of ``tools``, in ``dialect``'s form."""
     schemas = [call_schema(t, dialect) for t in tools]
     schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-    body = "%json " + json.dumps(_enforced(schema), ensure_ascii=False)
+    body = "%json " + json.dumps(enforced_schema(schema), ensure_ascii=False)
     if dialect is Dialect.HERMES:
         call = f"{_lark_string(HERMES_OPEN + chr(10))} {body} {_lark_string(chr(10) + HERMES_CLOSE)}"
         sep = _lark_string("\n")
