@@ -363,12 +363,7 @@ class GenericParser(ToolCallParser):
         out: list[Event] = []
         state = self._state
         if state == "body" and self._body is not None:
-            body = self._body
-            if body.name is not None:  # cut short: the arguments so far stand
-                self._arguments(out)
-            else:
-                out.append(self._opener + body.text)
-            self._body = None
+            self._flush_body(out)
             if self._buf:
                 out.append(self._buf)
         elif state in ("start", "key", "whole", "content") or self._held:

@@ -250,15 +250,21 @@ class ToolCallParser:
                 break
         return merged_events(out)
 
+    def _flush_body(self, out: list[Event]) -> None:
+        """A call cut short by the reply's end: its arguments so far stand, or, before its
+        name was read, its text as content."""
+        body = self._body
+        assert body is not None
+        if body.name is not None:
+            self._arguments(out)
+        else:
+            out.append(self._opener + body.text)
+        self._body = None
+
     def flush(self) -> list[Event]:
         out: list[Event] = []
         if self._state == "body" and self._body is not None:
-            body = self._body
-            if body.name is not None:  # cut short: the arguments so far stand
-                self._arguments(out)
-            else:
-                out.append(self._opener + body.text)
-            self._body = None
+            self._flush_body(out)
         idle = self._state in ("after", "between") and self._buf.strip() in ("", ";")
         if self._buf and not idle:
             out.append(self._buf)
