@@ -568,10 +568,12 @@ class ChatRequest(BaseRequest):
         return self.max_tokens
 
 
+#: A prompt or an embeddings input: text(s) or token ids, one list or several.
 Prompt = str | list[str] | list[int] | list[list[int]]
 
 
-def _token_ids(value: list[Any]) -> list[int]:
+def token_ids(value: list[Any]) -> list[int]:
+    """A prompt's (or an input's) token ids, checked: a non-empty list of non-negative ints."""
     if not value:
         raise invalid("a list of token ids must not be empty")
     if not all(_is_int(t) for t in value):
@@ -629,8 +631,8 @@ class CompletionRequest(BaseRequest):
                 raise invalid("prompt strings must not be empty")
             return value
         if all(isinstance(p, list) for p in value):
-            return [_token_ids(p) for p in value]
-        return _token_ids(value)
+            return [token_ids(p) for p in value]
+        return token_ids(value)
 
 
 def _json_kind(value: Any) -> str:

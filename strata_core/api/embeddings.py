@@ -18,24 +18,14 @@ from strata_core.api import openapi
 from strata_core.api.service import Service, engine_unavailable, json_body, service_for, until_done
 from strata_core.errors import ApiError
 from strata_core.reader import EngineUnavailable
-from strata_core.requests import Strict, invalid, parse_request
+from strata_core.requests import Prompt, Strict, invalid, parse_request, token_ids
 
 router = APIRouter()
 
 #: Most inputs one request may carry (OpenAI's limit).
 MAX_INPUTS = 2048
 
-Input = str | list[str] | list[int] | list[list[int]]
-
-
-def _token_ids(value: list[Any]) -> list[int]:
-    if not value:
-        raise invalid("a list of token ids must not be empty")
-    if not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-        raise invalid("expected every token id to be an integer", "invalid_type")
-    if min(value) < 0:
-        raise invalid("token ids must be non-negative")
-    return value
+Input = Prompt
 
 
 class EmbeddingRequest(Strict):
@@ -65,8 +55,8 @@ class EmbeddingRequest(Strict):
                 raise invalid("input strings must not be empty")
             return value
         if all(isinstance(p, list) for p in value):
-            return [_token_ids(p) for p in value]
-        return _token_ids(value)
+            return [token_ids(p) for p in value]
+        return token_ids(value)
 
 
 REPLY = {
