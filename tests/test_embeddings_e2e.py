@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,7 +20,7 @@ import pytest
 
 from strata_core.backends.cpu import CpuBackend
 from strata_core.build import EngineBuild
-from strata_core.testing.harness import Server, free_port
+from strata_core.testing.harness import Server, free_port, wait_healthy
 
 pytestmark = pytest.mark.slow
 
@@ -146,23 +145,14 @@ def llama_server(cpu_engine: EngineBuild, default_model: Path, tmp_path_factory:
     # the engine's attention kernel: flash attention alone moves this model's vectors by 1e-2
     flash = {True: "on", False: "off", None: "auto"}[CpuBackend().engine_defaults().flash_attn]
     port = free_port()
-    log = open(tmp_path_factory.mktemp("llama-server") / "llama-server.log", "wb")
+    log_path = tmp_path_factory.mktemp("llama-server") / "llama-server.log"
+    log = open(log_path, "wb")
     args = [str(binary), "-m", str(default_model), "--host", "127.0.0.1", "--port", str(port), "--embedding",
             "--pooling", "mean", "-fa", flash, "-c", "1024", "-np", "1", "-t", "2"]  # fmt: skip
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, f"llama-server exited with {proc.returncode}"
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            pytest.fail("llama-server did not become healthy in 300 s")
+        wait_healthy(proc, base, log_path)
         yield base
     finally:
         proc.terminate()

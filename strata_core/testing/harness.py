@@ -111,6 +111,22 @@ class EngineProcess:
             self.proc.kill()
 
 
+def wait_healthy(proc: subprocess.Popen[Any], base: str, log: Path, timeout: float = 300) -> None:
+    """Until ``base``/health answers 200 (a Strata server or llama-server); fails with the
+    end of ``log`` if ``proc`` exits or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"server not ready: {log.read_text()[-3000:]}")
+
+
 class Server:
     """``strata serve`` in a subprocess on a free loopback port; its console goes to ``log``
     and its engine's log to ``engine_log`` beside it (``engine_log=False``: where the
@@ -132,17 +148,7 @@ class Server:
             )
 
     def wait_ready(self, timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.base}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"server not ready: {self.log.read_text()[-3000:]}")
+        wait_healthy(self.proc, self.base, self.log, timeout)
 
     def dump_stacks(self) -> None:
         """Have the server and its engine print every thread's stack (SIGUSR1): the server's
