@@ -204,10 +204,11 @@ class Scheduler:
         copying = self._worth_copying(max(shared[donor.seq], n_saved) - have)
         # what the slot held goes to host memory first, if worth keeping
         self._save(slot, 0 if copying else min(have, len(prompt) - 1))
+        if saved is not None and not any(e is saved for e in self.saved.entries):
+            # the save evicted it for room: look again (the slot still holds its cache)
+            saved, n_saved = self.saved.longest(prompt)
+            copying = self._worth_copying(max(shared[donor.seq], n_saved) - have)
         if copying:
-            if saved is not None and not any(e is saved for e in self.saved.entries):
-                # _save dropped it (a prefix of what it kept, or for room): look again
-                saved, n_saved = self.saved.longest(prompt)
             t0 = time.perf_counter()
             if shared[donor.seq] >= n_saved:
                 ok, tokens, n = self.llama.seq_copy(donor.seq, slot.seq), donor.cached, shared[donor.seq]
