@@ -137,6 +137,73 @@ def test_the_guard_shuts_windows_a_wrong_cost_model_opens(cpu_engine: EngineBuil
     assert sum(1 for s in late if s[0]) < len(late) / 5, late
 
 
+JUDGED_SCRIPT = textwrap.dedent(
+    """
+    import json
+    from strata_core.engine.adaptive import StepCost
+    from strata_core.engine.llama import Llama, ModelOptions
+    from strata_core.options import SamplingParams
+    from strata_core.engine.scheduler import Request, Scheduler
+
+    class Rows(StepCost):
+        def __init__(self, per_row):
+            super().__init__()
+            self.per_row = per_row
+
+        def seconds(self, rows):
+            return 0.001 + self.per_row * (rows - 1)
+
+    class Refusing:  # windows shut; counts what it is taught
+        def __init__(self):
+            self.taught = 0
+
+        def allows(self, n):
+            return False
+
+        def add(self, n, tokens, seconds):
+            self.taught += 1
+
+    m = Llama(ModelOptions(path=MODEL, n_ctx=1024, n_seq=1, n_batch=256))
+    passage = ("The keeper climbed the ninety steps every night, trimmed the wick, and wrote the "
+               "name of every ship in the logbook by the stairs.")
+    text = (f"<|im_start|>user\\nRepeat the following passage exactly, word for word:\\n\\n{passage}"
+            "<|im_end|>\\n<|im_start|>assistant\\n")
+    prompt = m.tokenize(text.encode(), True, True)
+    out = {}
+    for name, per_row in (("free", 0.0), ("costly", 1.0)):
+        steps = []
+        sched = Scheduler(m, lambda ev: None, adaptive=True, trace=steps.append)
+        sched.cost = Rows(per_row)
+        sched.guard = guard = Refusing()
+        req = Request("r", list(prompt), SamplingParams(), 40, frozenset(), None, spec_k=7)
+        sched.submit(req)
+        while sched.busy:
+            sched.step()
+        out[name] = {"taught": guard.taught, "steps": len(steps), "tested": req.acceptance.whole,
+                     "windows": sum(1 for s in steps if s.get("windows"))}
+    print(json.dumps(out))
+    """
+)
+
+
+def test_the_guard_is_taught_only_by_steps_that_would_open_windows(
+    cpu_engine: EngineBuild, default_model: Path
+) -> None:
+    """A step in which the cost model proposes no window runs the same with windows allowed
+    or not, so it must not move the guard: on the H200 the open-ended text's plain steps
+    once decided, by noise, that windows lose, and shut them for the copy-heavy text after
+    it (x1.19 where the first round had realised x1.6). Drafts the guard refuses are still
+    scored as shadows, so acceptance keeps learning while windows are shut."""
+    out = run_script(JUDGED_SCRIPT, cpu_engine, default_model)
+    free, costly = out["free"], out["costly"]
+    assert free["windows"] == 0 and costly["windows"] == 0  # the guard refused every window
+    # rows cost a second each: no window is ever worth proposing, nothing is judged
+    assert costly["taught"] == 0 and costly["steps"] > 20, costly
+    # rows free: copying, most steps propose one; those (and only those) are judged
+    assert 0 < free["taught"] < free["steps"], free
+    assert free["tested"] != 2.0, free  # the refused drafts were scored as shadows (2.0: none)
+
+
 GAP_SCRIPT = textwrap.dedent(
     """
     import json

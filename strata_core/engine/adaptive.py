@@ -289,7 +289,11 @@ class WindowGuard:
     number of decoding slots. The cost model (``window_size``, ``uniform_window``) only
     proposes windows; the guard keeps them shut where the steps it let them into emitted
     fewer tokens per second than plain ones, whatever the model predicted (a step the
-    model mis-prices, micro-batches, graph captures, Python time for the rows).
+    model mis-prices, micro-batches, graph captures, Python time for the rows). It is
+    shown only steps where the model proposed a window (and the step after a windowed one,
+    which pays the change back to plain rows): a step with nothing to propose runs the
+    same under either arm, and open-ended text once taught it, by noise, to shut windows
+    that copy-heavy text then needed (docs/backends/cuda.md).
 
     The leader holds for phases of ``PHASE`` steps; the other arm is tried for ``TRIAL``
     steps, first once each, then after ``wait`` of the leader's phases, a wait that

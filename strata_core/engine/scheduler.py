@@ -128,6 +128,7 @@ class Scheduler:
         # step stays one micro-batch (adaptive.uniform_window): the size the last one used.
         self.window = 0
         self.guard = WindowGuard()  # windows only where they realised more than plain steps
+        self._windowed = False  # whether the last step opened windows
         self.trace = trace  # one record a step (timings, rows, micro-batches), when given
         self._step: dict[str, Any] | None = None  # the step that ran last, until timed
         self._t_step = 0.0  # when it started
@@ -267,13 +268,20 @@ class Scheduler:
         # decode with the windows, and time to first token matters more than a draft.
         waiting_first = any(s.req is not None and not s.req.generated for s in self.slots)
         guarded = self.adaptive and any(s.req is not None and s.req.spec_k for s in decoding)
-        allowed = not guarded or self.guard.allows(len(decoding))
-        drafts = {} if waiting_first or not allowed else self._drafts(decoding)
+        # The guard judges only steps the cost model would open windows in: a step with
+        # nothing to propose runs the same either way and says nothing about windows.
+        arm = not guarded or self.guard.allows(len(decoding))
+        drafts, proposed = ({}, False) if waiting_first else self._drafts(decoding, run_drafter=arm)
+        if not arm:
+            self._shadow(drafts)
+            drafts = {}
         if not drafts:
             self.window = 0
-        record: dict[str, Any] = {"t": t_step, "n": len(decoding), "allowed": allowed, "emitted": 0}
-        if guarded:
+        record: dict[str, Any] = {"t": t_step, "n": len(decoding), "allowed": arm, "emitted": 0}
+        if guarded and (proposed or self._windowed):
+            # a step back to plain rows after windows pays their change of shape: theirs
             record["guarded"] = True
+        self._windowed = bool(drafts)
         budget = batch.capacity - sum(1 + len(drafts[s.seq].offered) if s.seq in drafts else 1 for s in decoding)
         batch.clear()
         for slot in self.slots:
@@ -393,8 +401,10 @@ class Scheduler:
 
     # ---- speculation -------------------------------------------------------------------
 
-    def _drafts(self, decoding: list[Slot]) -> dict[int, Proposal]:
-        """This step's proposals by sequence; the draft model drafts for all its slots at once."""
+    def _drafts(self, decoding: list[Slot], run_drafter: bool = True) -> tuple[dict[int, Proposal], bool]:
+        """This step's proposals by sequence, and whether any window was proposed; the draft
+        model drafts for all its slots at once (with ``run_drafter`` false it does not run,
+        and the slots it would draft for count as proposing)."""
         out: dict[int, Proposal] = {}
         jobs: list[DraftJob] = []
         offers: list[tuple[Slot, list[int], int]] = []  # n-gram slots: drafts, room
@@ -413,15 +423,27 @@ class Scheduler:
                 continue
             offers.append((slot, self._ngram_drafts(slot, k) if k > 0 else [], room))
         if offers and self.adaptive and self.shape_costs:
-            self._uniform_windows(offers, len(decoding), out)
+            if self.window or any(tokens for _, tokens, _ in offers):  # else no window pays
+                self._uniform_windows(offers, len(decoding), out)
         elif offers:
             self._slot_windows(offers, len(decoding), out)
+        if jobs and not run_drafter:
+            return out, True
         if jobs:
             assert self.drafter is not None
             props = zip(jobs, self.drafter.propose(jobs), strict=True)
             # a slot whose draft is still catching up, or not confident, steps as usual
             out.update((job.seq, prop) for job, prop in props if prop.tokens)
-        return out
+        return out, bool(out)
+
+    def _shadow(self, drafts: dict[int, Proposal]) -> None:
+        """Windows the guard refused: their n-gram drafts become shadow drafts, so what
+        they would have kept is still learnt."""
+        for seq, prop in drafts.items():
+            req = self.slots[seq].req
+            real = prop.tokens[: len(prop.tokens) - prop.filler]
+            if req is not None and req.ngrams is not None and req.shadow is None and real:
+                req.shadow = Shadow(len(req.ngrams.tokens), real)
 
     def _ngram_drafts(self, slot: Slot, k: int) -> list[int]:
         """Up to ``k`` tokens the n-gram index drafts for the slot (scoring its shadow draft)."""
