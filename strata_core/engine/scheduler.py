@@ -437,13 +437,11 @@ class Scheduler:
         return out, bool(out)
 
     def _shadow(self, drafts: dict[int, Proposal]) -> None:
-        """Windows the guard refused: their n-gram drafts become shadow drafts, so what
-        they would have kept is still learnt."""
+        """Windows the guard refused (n-gram ones: the draft model did not run): their
+        drafts are recorded as shadows, as a window sized 0 records them, so what they
+        would have kept is still learnt."""
         for seq, prop in drafts.items():
-            req = self.slots[seq].req
-            real = prop.tokens[: len(prop.tokens) - prop.filler]
-            if req is not None and req.ngrams is not None and req.shadow is None and real:
-                req.shadow = Shadow(len(req.ngrams.tokens), real)
+            self._open(self.slots[seq], prop.tokens[: len(prop.tokens) - prop.filler], 0, {})
 
     def _ngram_drafts(self, slot: Slot, k: int) -> list[int]:
         """Up to ``k`` tokens the n-gram index drafts for the slot (scoring its shadow draft)."""
