@@ -35,9 +35,7 @@ def test_one_minute_soak_with_an_engine_kill(cpu_engine: EngineBuild, default_mo
     req = rep["requests"]
     assert {"total", "ok", "failed", "cancelled", "lost", "invalid"} <= req.keys()
     assert req["lost"] == 0, rep["lost_examples"]
-    # A seeded replay that differs under load is a known server bug (docs/reliability.md,
-    # "Findings"), reported by the soak; every other answer must pass its checks.
-    assert all(o["kind"] == "seed-replay" for o in rep["invalid_examples"]), rep["invalid_examples"]
+    assert req["invalid"] == 0, rep["invalid_examples"]  # seeded replays included
     # the run saw what it claims to test: answers, client cancellations, one kill survived
     assert req["ok"] > 0 and req["cancelled"] > 0, req
     assert len(rep["kills"]) == 1 and 20 <= rep["kills"][0]["at"] < 25, rep["kills"]
@@ -49,5 +47,4 @@ def test_one_minute_soak_with_an_engine_kill(cpu_engine: EngineBuild, default_mo
     for key in ("fds_start", "fds_end", "fds_growth"):
         assert rep["server"][key] is not None, key
     assert rep["latency_ms"]["p50"] is not None and rep["latency_ms"]["p99"] is not None
-    others = [v for v in rep["violations"] if not v.endswith("answers failed their checks")]
-    assert others == [], rep["violations"]
+    assert rep["violations"] == [] and rep["passed"], rep["violations"]

@@ -178,8 +178,12 @@ class Scheduler:
         free = [s for s in self.slots if s.req is None]
         while self.waiting and free:
             req = self.waiting.popleft()
-            shared = {s.seq: common_prefix(s.cached, req.prompt) for s in self.slots}
-            slot = max(free, key=lambda s: shared[s.seq])
+            if req.isolate:  # it computes its whole prompt itself: take the least cache
+                shared = {s.seq: 0 for s in self.slots}
+                slot = min(free, key=lambda s: len(s.cached))
+            else:
+                shared = {s.seq: common_prefix(s.cached, req.prompt) for s in self.slots}
+                slot = max(free, key=lambda s: shared[s.seq])
             free.remove(slot)
             try:
                 self._place(slot, req, shared)
@@ -195,13 +199,15 @@ class Scheduler:
 
     def _place(self, slot: Slot, req: Request, shared: dict[int, int]) -> None:
         """Start ``req`` in ``slot``, from the longest cached prefix of its prompt: the
-        slot's own, another slot's (``shared``: each slot's common prefix) or host memory's."""
+        slot's own, another slot's (``shared``: each slot's common prefix) or host memory's.
+        A request that must replay exactly (``isolate``) starts from nothing: a cached
+        prefix holds the KV of whatever chunks another request computed it in."""
         prompt = req.prompt
         have = shared[slot.seq]
         # Another slot (busy or not) may hold more of the prompt, say a chat preamble
         # a burst of new requests shares, or host memory may: start from a copy.
         donor = max(self.slots, key=lambda s: shared[s.seq])
-        saved, n_saved = self.saved.longest(prompt)
+        saved, n_saved = (None, 0) if req.isolate else self.saved.longest(prompt)
         copying = self._worth_copying(max(shared[donor.seq], n_saved) - have)
         # what the slot held goes to host memory first, if worth keeping
         self._save(slot, 0 if copying else min(have, len(prompt) - 1))
@@ -219,9 +225,8 @@ class Scheduler:
                 ok, tokens, n = self.llama.seq_load(slot.seq, saved.state), saved.tokens, n_saved
             self.copy_secs = moving_average(self.copy_secs, time.perf_counter() - t0)
             slot.cached, have = (list(tokens), n) if ok else ([], 0)
-        # The last prompt token is decoded like a generated one, in a decode step:
-        # its logits then come from the same kernels whether or not the prefix was
-        # cached, so a seeded request replays exactly on every backend.
+        # The last prompt token is decoded like a generated one, in a decode step: the
+        # first sampled row comes from the same kernels as every later one.
         keep = min(have, len(prompt) - 1)
         self.llama.seq_trim(slot.seq, keep)
         slot.cached = slot.cached[:keep]
@@ -282,35 +287,57 @@ class Scheduler:
             # a step back to plain rows after windows pays their change of shape: theirs
             record["guarded"] = True
         self._windowed = bool(drafts)
+        self._step = record
         budget = batch.capacity - sum(1 + len(drafts[s.seq].offered) if s.seq in drafts else 1 for s in decoding)
         batch.clear()
         for slot in self.slots:
-            if slot.req is None or not slot.pending or budget <= 0:
+            if slot.req is None or not slot.pending or slot.req.isolate or budget <= 0:
                 continue
-            chunk = slot.pending[:budget]
-            batch.add(chunk, len(slot.cached), slot.seq, "none")
-            budget -= len(chunk)
-            slot.cached.extend(chunk)
-            del slot.pending[: len(chunk)]
-            if not slot.pending:  # prefilled: its last prompt token decodes below
-                decoding.append(slot)
-        if batch.n:
-            t0 = time.perf_counter()
-            self.llama.decode(batch)
-            self.llama.synchronize()
-            self.shapes.append(batch.n)
-            secs = time.perf_counter() - t0
-            self.prefill_secs = moving_average(self.prefill_secs, secs / batch.n)
-            record.update(prefill_rows=batch.n, prefill_ms=secs * 1e3)
+            budget -= self._chunk(slot, budget, decoding)
+        self._prefill()
+        # A request that must replay exactly is prefilled alone, in chunks its prompt alone
+        # decides: llama.cpp computes a token's KV by the rows of its sequence in the
+        # micro-batch (on the CPU, flash attention tiles 64 rows or more), so a chunk cut by
+        # the budget beside other prompts would change its logits.
+        for slot in self.slots:
+            if slot.req is not None and slot.req.isolate and slot.pending:
+                batch.clear()
+                self._chunk(slot, batch.capacity, decoding)
+                self._prefill()
         shared = [s for s in decoding if s.req is not None and not s.req.isolate]
         groups = [shared] if shared else []
         groups += [[s] for s in decoding if s.req is not None and s.req.isolate]
-        self._step = record
         self._t_step = t_step
         for group in groups:
             self._decode_rows(group, drafts)
         if not self.busy:  # nothing runs next: the step ends here, not at the next one
             self._timed(time.perf_counter())
+
+    def _chunk(self, slot: Slot, most: int, decoding: list[Slot]) -> int:
+        """Add up to ``most`` of the slot's pending prompt tokens to the batch; how many.
+        A slot whose prompt is then all in joins ``decoding``: its last token decodes next."""
+        chunk = slot.pending[:most]
+        self.batch.add(chunk, len(slot.cached), slot.seq, "none")
+        slot.cached.extend(chunk)
+        del slot.pending[: len(chunk)]
+        if not slot.pending:
+            decoding.append(slot)
+        return len(chunk)
+
+    def _prefill(self) -> None:
+        """Decode the batch of prompt chunks, if any, and learn what a prompt token costs."""
+        batch = self.batch
+        if not batch.n:
+            return
+        t0 = time.perf_counter()
+        self.llama.decode(batch)
+        self.llama.synchronize()
+        self.shapes.append(batch.n)
+        secs = time.perf_counter() - t0
+        self.prefill_secs = moving_average(self.prefill_secs, secs / batch.n)
+        if (record := self._step) is not None:
+            record["prefill_rows"] = record.get("prefill_rows", 0) + batch.n
+            record["prefill_ms"] = record.get("prefill_ms", 0.0) + secs * 1e3
 
     def _timed(self, now: float) -> None:
         """Close the last step's record: its wall time runs to ``now`` (the next step's start,
