@@ -8,6 +8,7 @@ from fractions import Fraction
 import pytest
 
 from strata_core.engine.adaptive import (
+    MARGIN,
     Acceptance,
     Calibration,
     Shadow,
@@ -303,3 +304,23 @@ def test_config_reaches_the_engine_command() -> None:
     assert args.spec_fixed and args.prompt_cache_mib == 64
     default = parse_args(list(engine_command("m.gguf", **common).argv[3:]))  # type: ignore[arg-type]
     assert not default.spec_fixed and default.prompt_cache_mib == 256
+
+def test_uniform_window_takes_the_best_rate_over_mixed_offers() -> None:
+    # A window of w rows is expected to keep expected_kept(alpha, min(w, drafts)) of each
+    # slot's drafts; the size chosen has the best rate, the incumbent keeping its place
+    # within MARGIN. Checked against that rule written out, on random offers.
+    rng = random.Random(7)
+    for _ in range(300):
+        offers = [(rng.choice([0.0, 1.0, rng.random()]), rng.randint(0, 9)) for _ in range(rng.randint(1, 16))]
+        k, rows, was = rng.randint(0, 7), rng.randint(1, 16), rng.randint(0, 7)
+
+        def rate(w: int, offers: list[tuple[float, int]] = offers, rows: int = rows, was: int = was) -> float:
+            kept = sum(expected_kept(a, min(w, d)) for a, d in offers)
+            return (rows + 0.9 * kept) / (h200(rows + len(offers) * w) + (0.0 if w == was else 0.001))
+
+        want = was if was <= k else 0
+        best = MARGIN * rate(want)
+        for w in range(k + 1):
+            if w != want and rate(w) > best:
+                want, best = w, rate(w)
+        assert uniform_window(offers, k, h200, rows, float(rows), was, 0.001, 0.9) == want, offers

@@ -97,9 +97,21 @@ def uniform_window(
     place unless another promises ``MARGIN`` times its rate, as in ``window_size``.
     """
 
+    # kept[w]: the drafts all windows of w rows are expected to keep, summed over the
+    # offers a power of alpha at a time (a slot's j-th draft is kept with alpha**j, and
+    # rows past its drafts keep nothing): asked for each w on every step of many slots
+    kept = [0.0] * (k_max + 1)
+    for alpha, drafts in offers:
+        term, total = 1.0, 0.0
+        for w in range(1, min(drafts, k_max) + 1):
+            term *= alpha
+            total += term
+            kept[w] += total
+        for w in range(max(drafts, 0) + 1, k_max + 1):
+            kept[w] += total
+
     def rate(w: int) -> float:
-        kept = sum(expected_kept(alpha, min(w, drafts)) for alpha, drafts in offers)
-        return (tokens + trust * kept) / (seconds(rows + len(offers) * w) + (0.0 if w == was else switch))
+        return (tokens + trust * kept[w]) / (seconds(rows + len(offers) * w) + (0.0 if w == was else switch))
 
     return _best(rate, k_max, was)
 
