@@ -1,4 +1,5 @@
-"""One Ray Serve replica: one Strata engine of the configured model behind Strata's own
+"""One Ray Serve replica: the configured models' Strata engines (one, or one per
+[models.NAME] table, loaded and unloaded as on a server without Ray) behind Strata's own
 app (every route, streams included), driven in-process through ``asgi.call``."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 from ray import serve
 
 from strata_core.api.app import create_app
-from strata_core.api.launch import model_spec
+from strata_core.api.launch import log_for, model_specs
 from strata_core.api.pool import ModelPool
 from strata_core.cli import console_logging
 from strata_core.config import Config
@@ -34,8 +35,8 @@ class StrataReplica:
         console_logging(log_level)
         cfg = Config.model_validate_json(config)
         self.replica = serve.get_replica_context().replica_id.unique_id
-        spec = model_spec(cfg, None, replica_log(engine_log, self.replica))
-        self.pool = ModelPool([spec])
+        logs = log_for(replica_log(engine_log, self.replica), cfg.models or [None])
+        self.pool = ModelPool(model_specs(cfg, logs), cfg.server.max_loaded, cfg.server.idle_ttl_s)
         self.app = create_app(self.pool)
         self.app.state.replica = {"id": self.replica, "pid": os.getpid()}
         self.lifespan = Lifespan(self.app)
@@ -53,11 +54,10 @@ class StrataReplica:
             yield part
 
     def check_health(self) -> None:
-        """Ray Serve restarts a replica whose engine supervisor has stopped (the engine
-        itself is restarted by the supervisor, in the replica)."""
-        service = self.pool.first
-        if service is None or not service.engine.supervised:
-            raise RuntimeError("the engine's supervisor is not running")
+        """Ray Serve restarts a replica where a loaded model's engine supervisor has stopped
+        (an engine itself is restarted by its supervisor, in the replica)."""
+        if any(not service.engine.supervised for service in self.pool.loaded()):
+            raise RuntimeError("an engine's supervisor is not running")
 
     async def __del__(self) -> None:
         await self.lifespan.stop()

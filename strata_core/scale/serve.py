@@ -9,9 +9,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from strata_core.api.launch import engine_for
+from strata_core.api.launch import model_specs
 from strata_core.config import Config
-from strata_core.models import resolve_model
 
 log = logging.getLogger("strata.scale")
 
@@ -28,15 +27,17 @@ def import_ray() -> Any:
     return ray, serve
 
 
-def actor_options(cfg: Config, backend: str) -> dict[str, Any]:
-    """A replica's resources: one GPU on a GPU backend, else its CPUs (and as many
-    engine threads, unless [engine] threads says otherwise)."""
-    if backend == "cpu":
-        return {"num_cpus": cfg.cluster.cpus_per_replica}
-    return {"num_cpus": 0, "num_gpus": 1}
+def actor_options(cfg: Config, backends: set[str]) -> dict[str, Any]:
+    """A replica's resources, given the backends its models run on: one GPU when any is a
+    GPU backend, and its CPUs when any runs on the cpu backend (as many engine threads,
+    unless [engine] threads says otherwise)."""
+    opts: dict[str, Any] = {"num_cpus": cfg.cluster.cpus_per_replica if "cpu" in backends else 0}
+    if backends - {"cpu"}:
+        opts["num_gpus"] = 1
+    return opts
 
 
-def deployment_options(cfg: Config, backend: str) -> dict[str, Any]:
+def deployment_options(cfg: Config, backends: set[str]) -> dict[str, Any]:
     from ray.serve.config import RequestRouterConfig
 
     from strata_core.scale.router import StrataRouter
@@ -44,7 +45,7 @@ def deployment_options(cfg: Config, backend: str) -> dict[str, Any]:
     c = cfg.cluster
     opts: dict[str, Any] = {
         "name": "StrataReplica",
-        "ray_actor_options": actor_options(cfg, backend),
+        "ray_actor_options": actor_options(cfg, backends),
         # a replica queues beyond its engine's slots itself (continuous batching)
         "max_ongoing_requests": max(4 * cfg.engine.parallel, 16),
         "health_check_period_s": 2,
@@ -66,10 +67,11 @@ def deployment_options(cfg: Config, backend: str) -> dict[str, Any]:
     return opts
 
 
-def replica_config(cfg: Config, backend: str) -> Config:
-    """The replicas' configuration: on the cpu backend an engine runs as many threads as
-    its replica has CPUs, so replicas on one host do not fight over cores."""
-    if backend == "cpu" and cfg.engine.threads is None:
+def replica_config(cfg: Config, backends: set[str]) -> Config:
+    """The replicas' configuration: where a model runs on the cpu backend, engines run as
+    many threads as their replica has CPUs, so replicas on one host do not fight over
+    cores ([engine] threads, or a model table's, says otherwise)."""
+    if "cpu" in backends and cfg.engine.threads is None:
         threads = max(1, int(cfg.cluster.cpus_per_replica))
         return cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"threads": threads})})
     return cfg
@@ -82,20 +84,19 @@ def serve_cluster(cfg: Config, log_level: str, engine_log: Path | None) -> int:
     from strata_core.scale.replica import StrataReplica
 
     ray, serve = import_ray()
-    if cfg.models:
-        raise ValueError("[cluster] replicas serve the one model of [engine]; [models.NAME] tables "
-                         "are not supported with replicas yet (remove them or set replicas = 0)")  # fmt: skip
-    model = resolve_model(cfg.engine.model)
-    backend, _ = engine_for(cfg)  # build the engine once here, before the replicas need it
-    cfg = replica_config(cfg, backend.name)
+    # every model resolved and its engine built once here, before the replicas need them
+    specs = model_specs(cfg, lambda _: None)
+    backends = {s.backend.name for s in specs}
+    names, on = ", ".join(s.name for s in specs), ", ".join(sorted(backends))
+    cfg = replica_config(cfg, backends)
     c = cfg.cluster
     print(f"Strata: starting {'a local Ray cluster' if c.address is None else 'Ray at ' + c.address}",
           flush=True)  # fmt: skip
     ray.init(address=c.address, include_dashboard=False, logging_level=logging.WARNING,
              **({} if c.address else {"object_store_memory": 256 << 20}))  # fmt: skip
     serve.start(http_options={"location": "NoServer"})
-    deployment = serve.deployment(StrataReplica).options(**deployment_options(cfg, backend.name))
-    print(f"Strata: starting {c.replicas} replicas of {model.id} on {backend.name}", flush=True)
+    deployment = serve.deployment(StrataReplica).options(**deployment_options(cfg, backends))
+    print(f"Strata: starting {c.replicas} replicas of {names} on {on}", flush=True)
     handle = serve.run(
         deployment.bind(cfg.model_dump_json(), str(engine_log) if engine_log else None, log_level),
         name=APP_NAME, route_prefix=None,
@@ -113,8 +114,8 @@ def serve_cluster(cfg: Config, log_level: str, engine_log: Path | None) -> int:
     host, port = cfg.server.host, cfg.server.port
 
     async def announce() -> None:
-        print(f"Strata serving {model.id} on http://{host}:{port}/v1 ({c.replicas} Ray Serve replicas, "
-              f"backend {backend.name}, routing {c.routing})", flush=True)  # fmt: skip
+        print(f"Strata serving {names} on http://{host}:{port}/v1 ({c.replicas} Ray Serve replicas, "
+              f"backend {on}, routing {c.routing})", flush=True)  # fmt: skip
 
     app = create_front(replicas, on_ready=announce)
     try:
