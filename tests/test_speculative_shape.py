@@ -253,3 +253,62 @@ def test_a_gap_between_decoding_slots_is_filled_on_a_gpu(cpu_engine: EngineBuild
     assert filled["tokens"] == plain["tokens"]
     assert len(plain["tokens"]["r0"]) > 10 and len(plain["tokens"]["r2"]) > 10
     assert filled["cached"] == plain["cached"] and int(filled["cached"]) > 5  # slot 1's cache held
+
+
+PAUSE_SCRIPT = textwrap.dedent(
+    """
+    import json
+    from strata_core import protocol as proto
+    from strata_core.engine.adaptive import StepCost
+    from strata_core.engine.llama import Llama, ModelOptions
+    from strata_core.options import SamplingParams
+    from strata_core.engine.scheduler import Request, Scheduler
+
+    class Costly(StepCost):  # every row costs a whole step: no window ever pays
+        def seconds(self, rows):
+            return 0.001 * rows
+
+    m = Llama(ModelOptions(path=MODEL, n_ctx=1024, n_seq=1, n_batch=256))
+    passage = ("The keeper climbed the ninety steps every night, trimmed the wick, and wrote the "
+               "name of every ship in the logbook by the stairs. In winter the storms came from "
+               "the north, and the spray reached the windows of the lamp room, where the keeper "
+               "sat with his tea and listened to the foghorn calling across the water.")
+    text = (f"<|im_start|>user\\nRepeat the following passage exactly, word for word:\\n\\n{passage}"
+            "<|im_end|>\\n<|im_start|>assistant\\n")
+    prompt = m.tokenize(text.encode(), True, True)
+    out = {}
+    for k in (0, 7):
+        m.seq_trim(0, 0)
+        events, steps, drafting = [], [], []
+        sched = Scheduler(m, events.append, adaptive=True, shape_costs=True, trace=steps.append)
+        sched.cost = Costly()
+        drafts = sched._ngram_drafts
+        def spy(slot, n, drafts=drafts):
+            drafting.append(len(steps))
+            return drafts(slot, n)
+        sched._ngram_drafts = spy
+        req = Request("r", list(prompt), SamplingParams(), 80, frozenset(), None, spec_k=k)
+        sched.submit(req)
+        while sched.busy:
+            sched.step()
+        out[k] = {"tokens": [e.id for e in events if isinstance(e, proto.Token)], "steps": len(steps),
+                  "drafting": drafting, "windows": sum(1 for s in steps if s.get("windows")),
+                  "tested": req.acceptance.whole}
+    print(json.dumps(out))
+    """
+)
+
+
+def test_ngram_drafting_pauses_where_no_window_pays(cpu_engine: EngineBuild, default_model: Path) -> None:
+    """Where n-gram drafts open no window, drafting them and sizing windows every step was
+    the whole cost of speculation on a GPU (open-ended text: x0.96 at 4 slots on an H200).
+    After a step that opens none, drafting pauses for 1, 2, 4, then 8 steps: the tokens
+    are those of speculation off, and the drafts made are still scored as shadows."""
+    out = run_script(PAUSE_SCRIPT, cpu_engine, default_model)
+    off, on = out["0"], out["7"]
+    assert on["tokens"] == off["tokens"] and len(on["tokens"]) > 40
+    assert on["windows"] == 0 and off["drafting"] == []
+    steps, drafting = on["steps"], on["drafting"]
+    assert len(set(drafting)) <= 4 + steps / 9, on  # steps 1, 3, 6, 11, then every 9th
+    assert len(set(drafting)) >= 4, on
+    assert on["tested"] != 2.0, on  # shadows were scored (2.0: none ever was)

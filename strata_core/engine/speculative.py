@@ -82,8 +82,10 @@ class NgramIndex:
 
     def append(self, token: int) -> None:
         t, p = self.tokens, len(self.tokens) - 1  # the n-grams ending at p now have a follower
-        for n in range(1, min(self.n_max, p + 1) + 1):
-            self._ends[n][tuple(t[p - n + 1 : p + 1])] = p
+        key: tuple[int, ...] = ()
+        for n in range(1, min(self.n_max, p + 1) + 1):  # each n-gram extends the one before
+            key = (t[p - n + 1], *key)
+            self._ends[n][key] = p
         t.append(int(token))
 
     def draft(self, k: int) -> list[int]:
