@@ -93,10 +93,11 @@ class Slot:
 #: windows cost no drafting; the measured step cost decides for them, adaptive.py.)
 SPEC_MAX_SLOTS = 2
 SPEC_MAX_WAIT = 32
-#: After a step where n-gram drafts opened no window (adaptive), the n-gram drafting
-#: pauses for 1, 2, 4, then at most this many steps: where windows do not pay, drafting
-#: and sizing them every step was the whole cost of speculation (on an H200, 4 slots, a
-#: 1.7 ms step: ~4%). Tokens are the same either way; shadow drafts resolve later.
+#: After a step where no n-gram window could have paid, even had every slot drafted all
+#: the tokens it has room for (adaptive), the n-gram drafting pauses for 1, 2, 4, then at
+#: most this many steps: where windows do not pay, drafting and sizing them every step
+#: was the whole cost of speculation (on an H200, 4 slots, a 1.7 ms step: ~4%). Tokens
+#: are the same either way; shadow drafts resolve later.
 NGRAM_MAX_PAUSE = 8
 #: A new request starts from a copy of another slot's cache, or of one saved in host
 #: memory, when that saves prefilling at least this many prompt tokens (a copy costs far
@@ -465,7 +466,7 @@ class Scheduler:
         elif offers:
             self._slot_windows(offers, len(decoding), out)
         if offers and self.adaptive:
-            if any(slot.seq in out for slot, _, _ in offers):
+            if any(slot.seq in out for slot, _, _ in offers) or self._could_pay(offers, len(decoding)):
                 self._next_pause = 1
             else:
                 self.ngram_pause, self._next_pause = self._next_pause, min(2 * self._next_pause, NGRAM_MAX_PAUSE)
@@ -546,6 +547,21 @@ class Scheduler:
         for slot, tokens, _ in offers:
             self._open(slot, tokens, w, out)
         self.window = w
+
+    def _could_pay(self, offers: list[tuple[Slot, list[int], int]], rows: int) -> bool:
+        """Whether a window would open had every offering slot drafted as many tokens as
+        it has room for (the drafts of this step aside, only the slots' acceptance and the
+        step's cost decide)."""
+        full = [(slot.req.acceptance.alpha if slot.req else 0.0, room, slot.window) for slot, _, room in offers]
+        trust, cost = self.calibration.ratio, self.cost
+        if self.shape_costs:
+            k = min(room for _, room, _ in full)
+            alphas = [(alpha, room) for alpha, room, _ in full]
+            return uniform_window(alphas, k, cost.seconds, rows, float(rows), self.window, cost.switch, trust) > 0
+        return any(
+            window_size(alpha, room, cost.seconds, rows, float(rows), room, was, cost.switch, trust) > 0
+            for alpha, room, was in full
+        )
 
     def _window_room(self, slot: Slot) -> int:
         """How many rows a window may add to the slot's row this step: room for them and
