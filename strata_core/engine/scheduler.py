@@ -93,9 +93,9 @@ class Slot:
 #: windows cost no drafting; the measured step cost decides for them, adaptive.py.)
 SPEC_MAX_SLOTS = 2
 SPEC_MAX_WAIT = 32
-#: After a step where no n-gram window could have paid, even had every slot drafted all
-#: the tokens it has room for (adaptive), the n-gram drafting pauses for 1, 2, 4, then at
-#: most this many steps: where windows do not pay, drafting and sizing them every step
+#: After a step where the n-gram index drafted nothing, or where no window could have
+#: paid even had every slot drafted all the tokens it has room for (adaptive), the n-gram
+#: drafting pauses for 1, 2, 4, then at most this many steps: where windows do not pay, drafting and sizing them every step
 #: was the whole cost of speculation (on an H200, 4 slots, a 1.7 ms step: ~4%). Tokens
 #: are the same either way; shadow drafts resolve later.
 NGRAM_MAX_PAUSE = 8
@@ -466,7 +466,8 @@ class Scheduler:
         elif offers:
             self._slot_windows(offers, len(decoding), out)
         if offers and self.adaptive:
-            if any(slot.seq in out for slot, _, _ in offers) or self._could_pay(offers, len(decoding)):
+            drafted = any(tokens for _, tokens, _ in offers)
+            if any(slot.seq in out for slot, _, _ in offers) or drafted and self._could_pay(offers, len(decoding)):
                 self._next_pause = 1
             else:
                 self.ngram_pause, self._next_pause = self._next_pause, min(2 * self._next_pause, NGRAM_MAX_PAUSE)
