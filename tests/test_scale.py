@@ -110,7 +110,8 @@ def test_each_replica_serves_every_model(cluster: Server) -> None:
     for i in range(16):  # "cut" loads in each replica on the first request it gets there
         raw = client.chat.completions.with_raw_response.create(
             model="cut", messages=[{"role": "user", "content": f"Say {i}"}], max_tokens=4)  # fmt: skip
-        assert raw.parse().model == "cut" and raw.parse().usage.completion_tokens == 4
+        r = raw.parse()
+        assert r.model == "cut" and r.usage.completion_tokens == 4
         served.add(raw.headers["x-strata-replica"])
         if len(served) == 2:
             break

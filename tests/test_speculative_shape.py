@@ -302,8 +302,9 @@ PAUSE_SCRIPT = textwrap.dedent(
 def test_ngram_drafting_pauses_where_no_window_pays(cpu_engine: EngineBuild, default_model: Path) -> None:
     """Where n-gram drafts open no window, drafting them and sizing windows every step was
     the whole cost of speculation on a GPU (open-ended text: x0.96 at 4 slots on an H200).
-    After a step that opens none, drafting pauses for 1, 2, 4, then 8 steps: the tokens
-    are those of speculation off, and the drafts made are still scored as shadows."""
+    After a step where no window could have paid, drafting pauses for 1, 2, 4, then 8
+    steps: the tokens are those of speculation off, and the drafts made are still scored
+    as shadows."""
     out = run_script(PAUSE_SCRIPT, cpu_engine, default_model)
     off, on = out["0"], out["7"]
     assert on["tokens"] == off["tokens"] and len(on["tokens"]) > 40

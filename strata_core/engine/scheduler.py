@@ -461,13 +461,13 @@ class Scheduler:
                 continue
             if not paused:
                 offers.append((slot, self._ngram_drafts(slot, k) if k > 0 else [], room))
+        drafted = any(tokens for _, tokens, _ in offers)
         if offers and self.adaptive and self.shape_costs:
-            if self.window or any(tokens for _, tokens, _ in offers):  # else no window pays
+            if self.window or drafted:  # else no window pays
                 self._uniform_windows(offers, len(decoding), out)
         elif offers:
             self._slot_windows(offers, len(decoding), out)
         if offers and self.adaptive:
-            drafted = any(tokens for _, tokens, _ in offers)
             if any(slot.seq in out for slot, _, _ in offers) or (drafted and self._could_pay(offers, len(decoding))):
                 self._next_pause = 1
             else:
@@ -542,28 +542,32 @@ class Scheduler:
     def _uniform_windows(self, offers: list[tuple[Slot, list[int], int]], rows: int, out: dict[int, Proposal]) -> None:
         """One window size for every offering slot (a GPU: the step stays one micro-batch,
         adaptive.uniform_window), padded with filler where a slot drafts fewer tokens."""
-        alphas = [(slot.req.acceptance.alpha if slot.req else 0.0, len(tokens)) for slot, tokens, _ in offers]
-        k = min(room for _, _, room in offers)
-        w = uniform_window(alphas, k, self.cost.seconds, rows, float(rows), self.window, self.cost.switch,
-                           self.calibration.ratio)  # fmt: skip
+        w = self._uniform_size(offers, rows)
         for slot, tokens, _ in offers:
             self._open(slot, tokens, w, out)
         self.window = w
+
+    def _uniform_size(self, offers: list[tuple[Slot, list[int], int]], rows: int, full: bool = False) -> int:
+        """The one window size adaptive.uniform_window gives the offering slots for their
+        drafts, or (``full``) as if each had drafted as many tokens as it has room for."""
+        alphas = [(slot.req.acceptance.alpha if slot.req else 0.0, room if full else len(tokens))
+                  for slot, tokens, room in offers]  # fmt: skip
+        k = min(room for _, _, room in offers)
+        return uniform_window(alphas, k, self.cost.seconds, rows, float(rows), self.window, self.cost.switch,
+                              self.calibration.ratio)  # fmt: skip
 
     def _could_pay(self, offers: list[tuple[Slot, list[int], int]], rows: int) -> bool:
         """Whether a window would open had every offering slot drafted as many tokens as
         it has room for (the drafts of this step aside, only the slots' acceptance and the
         step's cost decide)."""
-        full = [(slot.req.acceptance.alpha if slot.req else 0.0, room, slot.window) for slot, _, room in offers]
-        trust, cost = self.calibration.ratio, self.cost
         if self.shape_costs:
-            k = min(room for _, room, _ in full)
-            alphas = [(alpha, room) for alpha, room, _ in full]
-            return uniform_window(alphas, k, cost.seconds, rows, float(rows), self.window, cost.switch, trust) > 0
+            return self._uniform_size(offers, rows, full=True) > 0
+        cost, trust = self.cost, self.calibration.ratio
         return any(
-            window_size(alpha, room, cost.seconds, rows, float(rows), room, was, cost.switch, trust) > 0
-            for alpha, room, was in full
-        )
+            window_size(slot.req.acceptance.alpha if slot.req else 0.0, room, cost.seconds, rows, float(rows), room,
+                        slot.window, cost.switch, trust) > 0
+            for slot, _, room in offers
+        )  # fmt: skip
 
     def _window_room(self, slot: Slot) -> int:
         """How many rows a window may add to the slot's row this step: room for them and
