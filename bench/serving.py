@@ -101,9 +101,10 @@ async def one(
 
 async def run_load(
     base: str, concurrency: int, n_requests: int, max_tokens: int, tag: str | None = None,
-    prompts: list[str] = PROMPTS, extra: dict[str, Any] | None = None,
+    prompts: list[str] = PROMPTS, extra: dict[str, Any] | None = None, first: int = 0,
 ) -> Result:  # fmt: skip
-    """``n_requests`` streamed chats from ``prompts``, ``concurrency`` at a time. With a ``tag``, each
+    """``n_requests`` streamed chats from ``prompts`` (from the ``first``-th, cycling), ``concurrency``
+    at a time. With a ``tag``, each
     prompt starts with it and its index, so no server answers from a cache of an
     earlier run's prompts (llama-server keeps whole prompts in host memory); only the
     chat template's own preamble is shared, as between real users."""
@@ -116,7 +117,7 @@ async def run_load(
         await one(client, f"{base}/v1/chat/completions", PROMPTS[0], 8, Result())  # warm-up
 
         async def guarded(i: int) -> None:
-            prompt = prompts[i % len(prompts)]
+            prompt = prompts[(first + i) % len(prompts)]
             if tag is not None:
                 prompt = f"[{tag}-{i}] {prompt}"
             async with sem:

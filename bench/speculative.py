@@ -4,11 +4,13 @@ unless --temperature is given).
     python bench/speculative.py [--requests 4] [--max-tokens 128] [--rounds 3]
         [--modes off ngram draft] [--k 7 [4 ...]] [--draft-model PATH | --draft-layers 28]
         [--threshold 0.1] [--temperature 0] [--workloads copy-heavy open-ended] [--concurrency 1 4]
-        [--backend cuda] [--floor 0.98] [--trace DIR]
+        [--backend cuda] [--waves] [--floor 0.98] [--trace DIR]
 
 Workloads: copy-heavy (repeat or lightly edit a given passage or code) and open-ended,
 by default at concurrency 1 and 4. One server per mode runs throughout; the modes take
-turns within every round, so drift in the machine's load falls on all of them. Prints,
+turns within every round, so drift in the machine's load falls on all of them; with
+--waves they take turns every wave of c requests (ABBA: off, on, on, off, ...), so drift
+slower than a wave cancels (each wave then starts and ends with its own ramp). Prints,
 pooled over the rounds: tokens/s, TTFT p50 and ITL p50 (streamed chunks) for each mode,
 each mode's ratios to off, and the acceptance (accepted / drafted tokens, from the
 responses' usage). Several --k values run one server per mode and k (``ngram/k4``).
@@ -110,6 +112,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--parallel", type=int, default=4, help="slots per server")
     ap.add_argument("--backend", help="the backend the servers run on (default: the configuration's)")
+    ap.add_argument("--waves", action="store_true", help="modes take turns every wave of c requests, not every run")
     ap.add_argument("--floor", type=float, help="exit 1 if a pooled on/off tokens/s ratio is below this")
     ap.add_argument("--trace", type=Path, help="a folder for each engine's per-step trace")
     a = ap.parse_args()
@@ -147,17 +150,24 @@ def main() -> None:
             turn = modes[rnd % len(modes) :] + modes[: rnd % len(modes)]
             for name in a.workloads:
                 for c in a.concurrency:
+                    # one run of --requests waves per mode, or with --waves the modes take turns
+                    # every wave of c requests (in ABBA order), each wave from the next prompt on
+                    got = {mode: Result() for mode in turn}
+                    for wave in range(a.requests) if a.waves else [None]:
+                        for mode in turn if not wave or wave % 2 == 0 else turn[::-1]:
+                            n, first = (c, wave * c) if wave is not None else (a.requests * c, 0)
+                            try:
+                                r = asyncio.run(run_load(servers[mode].base, c, n, a.max_tokens,
+                                                         prompts=WORKLOADS[name], extra=extra, first=first))  # fmt: skip
+                            except httpx.TimeoutException:
+                                servers[mode].dump_stacks()
+                                log = servers[mode].log.read_text(errors="replace")
+                                sys.exit(f"round {rnd} {mode} {name} c={c}: a stream stalled; its server's log ends:\n{log[-12000:]}"
+                                         f"\nits engine's log ends:\n{servers[mode].engine_log_tail()}")
+                            got[mode].add(r)
                     for mode in turn:
-                        try:
-                            r = asyncio.run(run_load(servers[mode].base, c, a.requests * c, a.max_tokens,
-                                                     prompts=WORKLOADS[name], extra=extra))  # fmt: skip
-                        except httpx.TimeoutException:
-                            servers[mode].dump_stacks()
-                            log = servers[mode].log.read_text(errors="replace")
-                            sys.exit(f"round {rnd} {mode} {name} c={c}: a stream stalled; its server's log ends:\n{log[-12000:]}"
-                                     f"\nits engine's log ends:\n{servers[mode].engine_log_tail()}")
-                        table.setdefault((mode, name, c), []).append(r)
-                        print(f"round {rnd} {mode:<8} {name:<10} c={c}: {line(r)}", flush=True)
+                        table.setdefault((mode, name, c), []).append(got[mode])
+                        print(f"round {rnd} {mode:<8} {name:<10} c={c}: {line(got[mode])}", flush=True)
     print(f"pooled over {a.rounds} rounds:")
     for (mode, name, c), runs in table.items():
         print(f"{mode:<8} {name:<10} c={c}: {line(pooled(runs))}")
