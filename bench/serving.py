@@ -1,7 +1,10 @@
 """Serving benchmark: Strata beside llama.cpp's llama-server (same pinned sources and
 flags) and llama-cpp-python's server, in one run, same model, same slots, same prompts.
 The servers take turns for ``--rounds`` rounds so that drift in the machine's load falls on
-all of them; the figures pool every round and the per-round rates show the spread.
+all of them; the figures pool every round and the per-round rates show the spread. With
+``--waves`` every server runs throughout and they take turns every wave of c requests
+(ABBA), so drift slower than a wave falls on all alike; each wave starts and ends with its
+own ramp, and --requests counts the requests of each concurrency (--requests / c waves).
 
     python bench/serving.py --concurrency 1 4 --requests 8 --max-tokens 128
 
@@ -143,6 +146,17 @@ def wait_health(base: str, proc: subprocess.Popen[bytes], timeout: float = 300) 
     raise TimeoutError(base)
 
 
+def start(name: str, cmd: list[str], port: int, env: dict[str, str], show: bool) -> subprocess.Popen[bytes]:
+    """Start one server on ``port``, its output in /tmp/bench-<name>.log."""
+    cmd = [c.replace("{port}", str(port)) for c in cmd]
+    log = Path(f"/tmp/bench-{name}.log")
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    if show:
+        print(f"{name}: {' '.join(cmd)} (log: {log})", flush=True)
+    return proc
+
+
 def servers(args: argparse.Namespace, model: str, slots: int, flash_attn: bool) -> dict[str, list[str]]:
     threads = str(args.threads)
     fa = "on" if flash_attn else "off"
@@ -180,6 +194,8 @@ def main() -> None:
     ap.add_argument("--repeat-prompts", action="store_true",
                     help="reuse the same prompts at every concurrency (measures the peers' prompt caches)")
     ap.add_argument("--rounds", type=int, default=3, help="servers alternate this many times; figures pool all rounds")
+    ap.add_argument("--waves", action="store_true",
+                    help="run every server throughout and take turns every wave of c requests (ABBA), not every round")
     ap.add_argument("--port", type=int, default=8931)
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
@@ -192,24 +208,44 @@ def main() -> None:
         env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
     pooled: dict[str, dict[int, Result]] = {}
     rates: dict[str, dict[int, list[float]]] = {}
-    for rnd in range(args.rounds):
-        for name, cmd in servers(args, model, slots, backend.engine_defaults().flash_attn).items():
-            base = f"http://127.0.0.1:{args.port}"
-            cmd = [c.replace("{port}", str(args.port)) for c in cmd]
-            log = Path(f"/tmp/bench-{name}.log")
-            with open(log, "w") as out:
-                proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-            if rnd == 0:
-                print(f"{name}: {' '.join(cmd)} (log: {log})", flush=True)
+
+    def record(rnd: int, name: str, c: int, r: Result) -> None:
+        pooled.setdefault(name, {}).setdefault(c, Result()).add(r)
+        rates.setdefault(name, {}).setdefault(c, []).append(r.tokens / r.wall)
+        print(f"round {rnd} {name:<17} c={c:<3} {r.tokens / r.wall:8.1f} tok/s  TTFT p50 {p50(r.ttft):7.1f} ms"
+              f"  ITL p50 {p50(r.itl):6.2f} ms  ({r.tokens} tokens)", flush=True)  # fmt: skip
+
+    cmds = servers(args, model, slots, backend.engine_defaults().flash_attn)
+    if args.waves:  # every server runs throughout; they take turns every wave of c requests
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        try:
+            for i, (name, cmd) in enumerate(cmds.items()):
+                procs[name] = start(name, cmd, args.port + i, env, True)
+            bases = {name: f"http://127.0.0.1:{args.port + i}" for i, name in enumerate(procs)}
+            for name, proc in procs.items():
+                wait_health(bases[name], proc)
+            for rnd in range(args.rounds):
+                for c in args.concurrency:
+                    got = {name: Result() for name in procs}
+                    for wave in range(max(1, args.requests // c)):
+                        order = list(procs) if (rnd + wave) % 2 == 0 else list(procs)[::-1]
+                        for name in order:  # ABBA: off-turn drift falls on every server alike
+                            tag = None if args.repeat_prompts else f"round {rnd} c{c} w{wave}"
+                            got[name].add(asyncio.run(run_load(bases[name], c, c, args.max_tokens, tag, first=wave * c)))
+                    for name, r in got.items():
+                        record(rnd, name, c, r)
+        finally:
+            for proc in procs.values():
+                proc.terminate()
+                proc.wait(30)
+    for rnd in range(args.rounds if not args.waves else 0):
+        for name, cmd in cmds.items():
+            proc = start(name, cmd, args.port, env, rnd == 0)
             try:
-                wait_health(base, proc)
+                wait_health(f"http://127.0.0.1:{args.port}", proc)
                 for c in args.concurrency:
                     tag = None if args.repeat_prompts else f"round {rnd} c{c}"
-                    r = asyncio.run(run_load(base, c, args.requests, args.max_tokens, tag))
-                    pooled.setdefault(name, {}).setdefault(c, Result()).add(r)
-                    rates.setdefault(name, {}).setdefault(c, []).append(r.tokens / r.wall)
-                    print(f"round {rnd} {name:<17} c={c:<3} {r.tokens / r.wall:8.1f} tok/s  TTFT p50 {p50(r.ttft):7.1f} ms"
-                          f"  ITL p50 {p50(r.itl):6.2f} ms  ({r.tokens} tokens)", flush=True)
+                    record(rnd, name, c, asyncio.run(run_load(f"http://127.0.0.1:{args.port}", c, args.requests, args.max_tokens, tag)))
             finally:
                 proc.terminate()
                 proc.wait(30)
