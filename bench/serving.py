@@ -106,11 +106,11 @@ async def run_load(
     base: str, concurrency: int, n_requests: int, max_tokens: int, tag: str | None = None,
     prompts: list[str] = PROMPTS, extra: dict[str, Any] | None = None, first: int = 0,
 ) -> Result:  # fmt: skip
-    """``n_requests`` streamed chats from ``prompts`` (from the ``first``-th, cycling), ``concurrency``
-    at a time. With a ``tag``, each
-    prompt starts with it and its index, so no server answers from a cache of an
-    earlier run's prompts (llama-server keeps whole prompts in host memory); only the
-    chat template's own preamble is shared, as between real users."""
+    """``n_requests`` streamed chats from ``prompts`` (cycling, from the ``first``-th),
+    ``concurrency`` at a time. With a ``tag``, each prompt starts with it and its index, so
+    no server answers from a cache of an earlier run's prompts (llama-server keeps whole
+    prompts in host memory); only the chat template's own preamble is shared, as between
+    real users."""
     res = Result()
     sem = asyncio.Semaphore(concurrency)
     # No keep-alive: llama-server closes streamed connections that a pool would reuse.
