@@ -146,6 +146,12 @@ def wait_health(base: str, proc: subprocess.Popen[bytes], timeout: float = 300) 
     raise TimeoutError(base)
 
 
+def abba(names: list[str], turn: int) -> list[str]:
+    """The order in which ``names`` take ``turn``: as given on even turns, reversed on odd
+    ones (A B, B A, A B, ...), so drift slower than a turn falls on all of them alike."""
+    return names if turn % 2 == 0 else names[::-1]
+
+
 def start(name: str, cmd: list[str], port: int, env: dict[str, str], show: bool) -> subprocess.Popen[bytes]:
     """Start one server on ``port``, its output in /tmp/bench-<name>.log."""
     cmd = [c.replace("{port}", str(port)) for c in cmd]
@@ -228,8 +234,7 @@ def main() -> None:
                 for c in args.concurrency:
                     got = {name: Result() for name in procs}
                     for wave in range(max(1, args.requests // c)):
-                        order = list(procs) if (rnd + wave) % 2 == 0 else list(procs)[::-1]
-                        for name in order:  # ABBA: off-turn drift falls on every server alike
+                        for name in abba(list(procs), rnd + wave):
                             tag = None if args.repeat_prompts else f"round {rnd} c{c} w{wave}"
                             got[name].add(asyncio.run(run_load(bases[name], c, c, args.max_tokens, tag, first=wave * c)))
                     for name, r in got.items():
@@ -238,17 +243,18 @@ def main() -> None:
             for proc in procs.values():
                 proc.terminate()
                 proc.wait(30)
-    for rnd in range(args.rounds if not args.waves else 0):
-        for name, cmd in cmds.items():
-            proc = start(name, cmd, args.port, env, rnd == 0)
-            try:
-                wait_health(f"http://127.0.0.1:{args.port}", proc)
-                for c in args.concurrency:
-                    tag = None if args.repeat_prompts else f"round {rnd} c{c}"
-                    record(rnd, name, c, asyncio.run(run_load(f"http://127.0.0.1:{args.port}", c, args.requests, args.max_tokens, tag)))
-            finally:
-                proc.terminate()
-                proc.wait(30)
+    else:  # one server at a time, each started afresh for every round
+        for rnd in range(args.rounds):
+            for name, cmd in cmds.items():
+                proc = start(name, cmd, args.port, env, rnd == 0)
+                try:
+                    wait_health(f"http://127.0.0.1:{args.port}", proc)
+                    for c in args.concurrency:
+                        tag = None if args.repeat_prompts else f"round {rnd} c{c}"
+                        record(rnd, name, c, asyncio.run(run_load(f"http://127.0.0.1:{args.port}", c, args.requests, args.max_tokens, tag)))
+                finally:
+                    proc.terminate()
+                    proc.wait(30)
     table: dict[str, dict[int, dict[str, float]]] = {}
     print(f"pooled over {args.rounds} rounds:")
     for name, by_c in pooled.items():

@@ -34,7 +34,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.serving import Result, p50, run_load  # noqa: E402
+from bench.serving import Result, abba, p50, run_load  # noqa: E402
 from strata_core.testing.harness import Server  # noqa: E402
 
 # Long enough that a faithful copy runs past --max-tokens: the copy-heavy figure then
@@ -150,12 +150,12 @@ def main() -> None:
             turn = modes[rnd % len(modes) :] + modes[: rnd % len(modes)]
             for name in a.workloads:
                 for c in a.concurrency:
-                    # one run of --requests waves per mode, or with --waves the modes take turns
-                    # every wave of c requests (in ABBA order), each wave from the next prompt on
+                    # (requests, first prompt) of each turn: one run of them all, or with
+                    # --waves one wave of c at a time, each from the next prompt on
+                    waves = [(c, w * c) for w in range(a.requests)] if a.waves else [(a.requests * c, 0)]
                     got = {mode: Result() for mode in turn}
-                    for wave in range(a.requests) if a.waves else [None]:
-                        for mode in turn if not wave or wave % 2 == 0 else turn[::-1]:
-                            n, first = (c, wave * c) if wave is not None else (a.requests * c, 0)
+                    for i, (n, first) in enumerate(waves):
+                        for mode in abba(turn, i):
                             try:
                                 r = asyncio.run(run_load(servers[mode].base, c, n, a.max_tokens,
                                                          prompts=WORKLOADS[name], extra=extra, first=first))  # fmt: skip
