@@ -4,7 +4,7 @@ unless --temperature is given).
     python bench/speculative.py [--requests 4] [--max-tokens 128] [--rounds 3]
         [--modes off ngram draft] [--k 7 [4 ...]] [--draft-model PATH | --draft-layers 28]
         [--threshold 0.1] [--temperature 0] [--workloads copy-heavy open-ended] [--concurrency 1 4]
-        [--backend cuda] [--waves] [--floor 0.98] [--trace DIR]
+        [--backend cuda] [--waves] [--floor 0.98] [--control] [--trace DIR]
 
 Workloads: copy-heavy (repeat or lightly edit a given passage or code) and open-ended,
 by default at concurrency 1 and 4. One server per mode runs throughout; the modes take
@@ -16,7 +16,10 @@ each mode's ratios to off, and the acceptance (accepted / drafted tokens, from t
 responses' usage). Several --k values run one server per mode and k (``ngram/k4``).
 Mode ``draft`` uses --draft-model, or else a copy of the model keeping its first
 --draft-layers blocks (self-speculation sharing the vocabulary). With --floor, exits 1
-when any pooled on/off tokens/s ratio falls below it. With --trace DIR, each server's
+when any pooled on/off tokens/s ratio falls below it. --control starts one more server
+with speculation off, last, as mode ``off-b``: its ratio to off (never held to the floor)
+is what two identical servers differ by in this run, through their start order, where
+the system placed their threads, and noise. With --trace DIR, each server's
 engine writes one JSON line per scheduler step to DIR/<mode>.jsonl
 (``STRATA_STEP_TRACE``; summarise with bench/trace_steps.py).
 """
@@ -114,6 +117,8 @@ def main() -> None:
     ap.add_argument("--backend", help="the backend the servers run on (default: the configuration's)")
     ap.add_argument("--waves", action="store_true", help="modes take turns every wave of c requests, not every run")
     ap.add_argument("--floor", type=float, help="exit 1 if a pooled on/off tokens/s ratio is below this")
+    ap.add_argument("--control", action="store_true",
+                    help="a second speculation-off server, off-b, whose ratio to off is the bench's own noise")
     ap.add_argument("--trace", type=Path, help="a folder for each engine's per-step trace")
     a = ap.parse_args()
     # (name, mode, k): one server each; "off" first, as the others' baseline
@@ -121,6 +126,8 @@ def main() -> None:
     for m in a.modes:
         if m != "off":
             specs += [(m if len(a.k) == 1 else f"{m}/k{k}", m, k) for k in a.k]
+    if a.control:  # started last: what a server's start order and placement alone change
+        specs.append(("off-b", "off", a.k[0]))
     modes = [name for name, _, _ in specs]
     extra = {"temperature": a.temperature} if a.temperature else None
     table: dict[tuple[str, str, int], list[Result]] = {}
@@ -181,7 +188,7 @@ def main() -> None:
                 print(f"{mode:<8} {name:<10} c={c}: on/off tokens/s x{ratio:.3f}, "
                       f"TTFT x{p50(on.ttft) / p50(off.ttft):.3f}, ITL x{p50(on.itl) / p50(off.itl):.3f}, "
                       f"acceptance {acc:.2f} ({on.accepted}/{on.drafted})")  # fmt: skip
-                if a.floor is not None and ratio < a.floor:
+                if a.floor is not None and ratio < a.floor and mode != "off-b":
                     below.append(f"{mode} {name} c={c} x{ratio:.3f}")
     if below:
         print(f"below the floor x{a.floor}: {', '.join(below)}")
