@@ -607,13 +607,23 @@ def test_ngram_long_context_is_fast_and_agrees_with_a_plain_scan() -> None:
     st.integers(0, 6),
     st.integers(1, 4),
     st.integers(1, 4),
+    st.lists(st.sampled_from(["draft", "index", "append"]), min_size=60, max_size=60),
 )
 def test_ngram_index_drafts_what_the_scan_drafts_as_the_stream_grows(
-    tokens: list[int], k: int, n_max: int, n_min: int
+    tokens: list[int], k: int, n_max: int, n_min: int, calls: list[str]
 ) -> None:
+    """However appends, index() calls (the scheduler's, while a step computes) and drafts
+    interleave, a draft is the scan's over the whole stream so far."""
     n_min = min(n_min, n_max)
-    index = NgramIndex(tokens[:5], n_max=n_max, n_min=n_min)
-    for i in range(5, len(tokens) + 1):
-        assert index.draft(k) == scan_draft(tokens[:i], k, n_max=n_max, n_min=n_min)
+    start = min(5, len(tokens))
+    index = NgramIndex(tokens[:start], n_max=n_max, n_min=n_min)
+    drafted = 0
+    for i in range(start, len(tokens) + 1):
+        if calls[i - start] == "draft" or i == len(tokens):
+            assert index.draft(k) == scan_draft(tokens[:i], k, n_max=n_max, n_min=n_min)
+            drafted += 1
+        elif calls[i - start] == "index":
+            index.index()
         if i < len(tokens):
             index.append(tokens[i])
+    assert drafted >= 1

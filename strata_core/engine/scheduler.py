@@ -388,6 +388,9 @@ class Scheduler:
         self.llama.decode(batch)
         for seq in fill:
             self.llama.seq_trim(seq, len(self.slots[seq].cached))
+        for slot in group:  # on a GPU the step is still computing: index the last tokens meanwhile
+            if slot.req is not None and slot.req.ngrams is not None:
+                slot.req.ngrams.index()
         t1 = time.perf_counter()
         if self.trace is not None:  # the device's time apart from the host's
             self.llama.synchronize()
@@ -446,6 +449,8 @@ class Scheduler:
         offers: list[tuple[Slot, list[int], int]] = []  # n-gram slots: drafts, room
         paused = self.ngram_pause > 0
         self.ngram_pause -= paused
+        if paused and self.drafter is None:  # nothing drafts this step
+            return out, False
         for slot in decoding:
             req, room = slot.req, self._window_room(slot)
             assert req is not None and slot.last is not None

@@ -69,24 +69,33 @@ class NgramIndex:
     """N-gram (prompt lookup) drafts over a stream that grows a token at a time, in
     constant time per token: for each n, where the latest occurrence of each n-gram that
     some token followed ends. The scheduler keeps one per request (prompt, then emitted
-    tokens)."""
+    tokens).
+
+    ``append`` only extends the stream; the n-grams it completes are indexed by ``index``,
+    which ``draft`` calls first. The scheduler calls it while the device computes a step (a
+    GPU's decode returns once the work is queued), so on a GPU the index costs the step no
+    time, and tokens emitted while drafting pauses are indexed together later."""
 
     def __init__(self, tokens: Sequence[int] = (), n_max: int = 3, n_min: int = 1) -> None:
         if not 1 <= n_min <= n_max:
             raise ValueError(f"n_min={n_min}, n_max={n_max} are out of range: expected 1 <= n_min <= n_max")
-        self.tokens: list[int] = []
+        self.tokens: list[int] = [int(t) for t in tokens]
         self.n_max, self.n_min = n_max, n_min
         self._ends: list[dict[tuple[int, ...], int]] = [{} for _ in range(n_max + 1)]
-        for t in tokens:
-            self.append(t)
+        self._indexed = 0  # the n-grams ending before this position are indexed
 
     def append(self, token: int) -> None:
-        t, p = self.tokens, len(self.tokens) - 1  # the n-grams ending at p now have a follower
-        key: tuple[int, ...] = ()
-        for n in range(1, min(self.n_max, p + 1) + 1):  # each n-gram extends the one before
-            key = (t[p - n + 1], *key)
-            self._ends[n][key] = p
-        t.append(int(token))
+        self.tokens.append(int(token))
+
+    def index(self) -> None:
+        """Index the n-grams that gained a follower since the last call."""
+        t, ends = self.tokens, self._ends
+        for p in range(self._indexed, len(t) - 1):  # the n-grams ending at p have a follower
+            key: tuple[int, ...] = ()
+            for n in range(1, min(self.n_max, p + 1) + 1):  # each n-gram extends the one before
+                key = (t[p - n + 1], *key)
+                ends[n][key] = p
+        self._indexed = max(self._indexed, len(t) - 1)
 
     def draft(self, k: int) -> list[int]:
         """Up to k tokens that followed the most recent earlier occurrence of the longest
@@ -94,6 +103,7 @@ class NgramIndex:
         t = self.tokens
         if k <= 0 or len(t) <= self.n_min:
             return []
+        self.index()
         for n in range(min(self.n_max, len(t)), self.n_min - 1, -1):
             end = self._ends[n].get(tuple(t[len(t) - n :]))
             if end is not None:
