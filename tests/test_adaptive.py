@@ -15,6 +15,7 @@ from strata_core.engine.adaptive import (
     StepCost,
     WindowGuard,
     expected_kept,
+    isotonic,
     micro_batches,
     uniform_window,
     window_size,
@@ -235,7 +236,25 @@ def test_step_cost_never_falls_with_more_rows() -> None:
     cost = StepCost()
     measure(cost, 1, 0.010)
     measure(cost, 2, 0.008)  # noise
-    assert cost.seconds(2) == pytest.approx(0.010)
+    # out of order: both are priced at their mean, weighted alike (one step each)
+    assert cost.seconds(1) == cost.seconds(2) == pytest.approx((0.99 * 0.010 + 0.008) / 1.99)
+    # 3 and 2 pool to 2.25 (weight 4), 4 and 0 to 2 (weight 2), then those two to 13/6
+    assert isotonic([1.0, 3.0, 2.0, 4.0, 0.0], [1, 1, 3, 1, 1]) == pytest.approx([1.0] + [13 / 6] * 4)
+
+
+def test_a_row_count_measured_often_is_not_lifted_by_one_measured_rarely() -> None:
+    # two cores: a few three-row steps in a slow minute, then four-slot steps all along
+    cost = StepCost()
+    measure(cost, 1, 0.0074)
+    measure(cost, 3, 0.038)
+    for _ in range(200):
+        cost.add(4, 0.026)
+    cost.add(11, 0.0716)
+    cost.add(11, 0.0716)
+    assert cost.seconds(4) == pytest.approx(0.026, rel=0.01)
+    assert cost.seconds(3) <= cost.seconds(4)
+    # so a window of seven rows beside four plain ones costs what it measured: 2.75 steps
+    assert cost.seconds(11) / cost.seconds(4) == pytest.approx(0.0716 / 0.026, rel=0.01)
 
 
 def test_step_cost_follows_a_changing_machine() -> None:

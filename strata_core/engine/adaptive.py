@@ -24,7 +24,6 @@ nil and the window follows the drafts.
 from __future__ import annotations
 
 import bisect
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,6 +115,19 @@ def uniform_window(
     return _best(rate, k_max, was)
 
 
+def isotonic(values: Sequence[float], weights: Sequence[float]) -> list[float]:
+    """The non-decreasing sequence closest to ``values`` in least squares weighted by
+    ``weights`` (adjacent values out of order are pooled into their weighted mean)."""
+    blocks: list[tuple[float, float, int]] = []  # (mean, weight, values pooled)
+    for value, weight in zip(values, weights, strict=True):
+        block = (value, weight, 1)
+        while blocks and blocks[-1][0] > block[0]:
+            (m0, w0, n0), (m1, w1, n1) = blocks.pop(), block
+            block = ((m0 * w0 + m1 * w1) / (w0 + w1), w0 + w1, n0 + n1)
+        blocks.append(block)
+    return [mean for mean, _, n in blocks for _ in range(n)]
+
+
 def micro_batches(rows: Sequence[tuple[int, int]]) -> int:
     """How many micro-batches llama.cpp computes for a batch holding ``rows`` (sequence id,
     row count) in ascending sequence order, when each sequence has a KV stream of its own:
@@ -150,18 +162,30 @@ class StepCost:
     keeps it does not. The first step of each row count is not counted at all: a batch
     shape the device has not run yet pays for its set-up (kernel choice, buffers), many
     times a later step, and an average seeded with it would keep windows of that size
-    away for good. For the same reason one step can at most double an average."""
+    away for good. For the same reason one step can at most double an average.
+
+    More rows never cost less: the table is the non-decreasing fit to the averages, each
+    weighted by how many steps measured it lately (``WEIGHT_FADE`` a step), so a count
+    measured a few times in a slow minute cannot lift one measured every step since. (Raising
+    every count to the largest below it did: on two cores, three rows averaged 38 ms from
+    a few ramp steps, and four-slot steps were priced at that for good while they took 26
+    ms; windows beside them looked twice as cheap as they were, opened, and lost.)"""
 
     #: a change of shape slows the step that makes it and the next (the GPU re-captures)
     SWITCH_STEPS = 2
+    #: what a measurement of a row count weighs in the fit after each later step: about
+    #: the last hundred steps count
+    WEIGHT_FADE = 0.99
 
     def __init__(self, decay: float = 0.8) -> None:
         self.decay = decay
         self.measured: dict[int, float] = {}
         self._excess: float | None = None  # average excess of an unsteady step
         self._seen: set[int] = set()  # row counts whose first step went by
+        self._steps = 0  # steady steps measured
+        self._weight: dict[int, tuple[float, int]] = {}  # row count: (weight, step it was last measured)
         self._rows: list[int] = []  # measured row counts, ascending
-        self._secs: list[float] = []  # their averages, made non-decreasing
+        self._secs: list[float] = []  # their averages, fitted non-decreasing
 
     def add(self, rows: int, seconds: float, steady: bool = True) -> None:
         if rows not in self._seen:
@@ -174,9 +198,16 @@ class StepCost:
             return
         prev = self.measured.get(rows)
         self.measured[rows] = moving_average(prev, seconds if prev is None else min(seconds, 2 * prev), self.decay)
+        self._steps += 1
+        self._weight[rows] = (self._faded(rows) + 1.0, self._steps)
         self._rows = sorted(self.measured)
         # more rows never cost less: a noisy average must not make a window look free
-        self._secs = list(itertools.accumulate((self.measured[r] for r in self._rows), max))
+        self._secs = isotonic([self.measured[r] for r in self._rows], [self._faded(r) for r in self._rows])
+
+    def _faded(self, rows: int) -> float:
+        """The weight of the row count's measurements now."""
+        weight, step = self._weight.get(rows, (0.0, self._steps))
+        return weight * self.WEIGHT_FADE ** (self._steps - step)
 
     @property
     def switch(self) -> float:
