@@ -1,9 +1,10 @@
 """Slots on the real engine: a new request starts from the longest cached prefix, its own
 slot's, a copy of another slot's, or one saved in host memory, and a copy computes what a
-fresh prefill would."""
+fresh prefill would; on a CPU, prompts waiting together are prefilled shortest first."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from strata_core import protocol as proto
 from strata_core.backends.cpu import CpuBackend
 from strata_core.build import EngineBuild
-from strata_core.testing.harness import EngineProcess
+from strata_core.testing.harness import EngineProcess, run_engine_script
 
 pytestmark = pytest.mark.slow
 
@@ -84,3 +85,48 @@ def test_a_prompt_whose_slot_moved_on_is_loaded_from_host_memory(
             assert cached <= 1
     finally:
         e.close()
+
+
+PREFILL_SCRIPT = textwrap.dedent(
+    """
+    import json
+    from strata_core import protocol as proto
+    from strata_core.engine.llama import Llama, ModelOptions
+    from strata_core.options import SamplingParams
+    from strata_core.engine.scheduler import Request, Scheduler
+
+    m = Llama(ModelOptions(path=MODEL, n_ctx=512, n_seq=3, n_batch=256))
+    def chat(text):
+        return m.tokenize(f"<|im_start|>user\\n{text}<|im_end|>\\n<|im_start|>assistant\\n".encode(), True, True)
+    prompts = {
+        "long": chat("Tell me, in as much detail as you can, how a steam engine turns the heat of burning "
+                     "coal into the motion of a train's wheels, and why it needs so much water."),
+        "short": chat("Say hello to my friend Anna and to her brother Tom from me."),
+        "mid": chat("Name three rivers in Europe, one in Africa and one in Asia, with the seas they reach."),
+    }
+    events, steps = [], []
+    sched = Scheduler(m, events.append, trace=steps.append)
+    for rid, p in prompts.items():
+        sched.submit(Request(rid, list(p), SamplingParams(), 4, frozenset(), None))
+    first, n = {}, 0
+    while sched.busy:
+        sched.step()
+        n += 1
+        for e in events:
+            if isinstance(e, proto.Token):
+                first.setdefault(e.rid, n)
+    print(json.dumps({"lengths": {r: len(p) for r, p in prompts.items()}, "first": first,
+                      "prefill": [s.get("prefill_rows", 0) for s in steps]}))
+    """
+)
+
+
+def test_on_a_cpu_the_shortest_waiting_prompt_is_answered_first(cpu_engine: EngineBuild, default_model: Path) -> None:
+    """Prompt rows cost a CPU about the same with or without others beside them, so three
+    prompts that arrive together are prefilled shortest first, each in its own step, and
+    each gets its first token in that step, not after all three."""
+    out = run_engine_script(PREFILL_SCRIPT, cpu_engine, default_model)
+    lengths, first = out["lengths"], out["first"]
+    assert lengths["short"] < lengths["mid"] < lengths["long"], out
+    assert first["short"] < first["mid"] < first["long"], out
+    assert max(out["prefill"]) < lengths["long"] + lengths["mid"], out  # never two of the longer ones at once

@@ -235,7 +235,7 @@ GAP_SCRIPT = textwrap.dedent(
             if isinstance(e, proto.Token):
                 tokens.setdefault(e.rid, []).append(e.id)
         cached = [e.stats["cached"] for e in events if isinstance(e, proto.Done) and e.rid == "again"]
-        parts = sorted({s["micro_batches"] for s in steps if s.get("n") == 2 and "micro_batches" in s})
+        parts = sorted({s["micro_batches"] for s in steps if s.get("seqs") == [0, 2]})
         out[str(gpu_like)] = {"tokens": tokens, "cached": cached[0], "parts": parts}
     print(json.dumps(out))
     """

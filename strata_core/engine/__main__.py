@@ -55,7 +55,7 @@ class Output:
 
 
 TRACE_ENV = "STRATA_STEP_TRACE"
-"""A file to append one JSON line per scheduler step to: rows, micro-batches, windows,
+"""A file to append one JSON line per scheduler step to: decoding slots, rows, micro-batches, windows,
 tokens emitted and where the step's milliseconds went (docs/backends/cuda.md)."""
 
 

@@ -106,6 +106,15 @@ NGRAM_MAX_PAUSE = 8
 COPY_MIN_GAIN = 16
 
 
+#: On a CPU a prompt row costs nearly the same however many rows share the step (two cores:
+#: 3.5-3.9 ms a row from 20 rows up, 6 ms at 4), so prompts prefilled together all wait for
+#: their sum. There a step takes the shortest pending prompts first and stops once it holds
+#: a whole prompt and at least this many rows: the first prompt's first token comes after
+#: its own prefill, each later one's a decode step later than beside the others (four
+#: prompts of 20 tokens: at about 90, 180, 270 and 370 ms instead of all at 330).
+CPU_PREFILL_ROWS = 16
+
+
 class Scheduler:
     def __init__(
         self, llama: Llama, emit: Emit, drafter: DraftModel | None = None, adaptive: bool = True,
@@ -299,10 +308,15 @@ class Scheduler:
         self._step = record
         budget = batch.capacity - sum(1 + len(drafts[s.seq].offered) if s.seq in drafts else 1 for s in decoding)
         batch.clear()
-        for slot in self.slots:
-            if slot.req is None or not slot.pending or slot.req.isolate or budget <= 0:
-                continue
-            budget -= self._chunk(slot, budget, decoding)
+        prompts = [s for s in self.slots if s.req is not None and s.pending and not s.req.isolate]
+        if not self.llama.on_gpu:  # one prompt's rows cost what they would beside others: shortest first
+            prompts.sort(key=lambda s: len(s.pending))
+        rows, whole = 0, False
+        for slot in prompts:
+            if budget <= 0 or (whole and rows >= CPU_PREFILL_ROWS and not self.llama.on_gpu):
+                break
+            taken = self._chunk(slot, budget, decoding)
+            budget, rows, whole = budget - taken, rows + taken, whole or not slot.pending
         self._prefill()
         # A request that must replay exactly is prefilled alone, in chunks its prompt alone
         # decides: llama.cpp computes a token's KV by the rows of its sequence in the
@@ -412,6 +426,7 @@ class Scheduler:
         if self.trace is not None and (record := self._step) is not None:
             windowed = [prop for _, _, prop in windows if prop.tokens]
             record["rows"] = record.get("rows", 0) + batch.n
+            record["seqs"] = sorted(record.get("seqs", []) + [slot.seq for slot in group])  # the decoding slots
             record["micro_batches"] = record.get("micro_batches", 0) + parts
             record["windows"] = record.get("windows", 0) + len(windowed)
             record["filler"] = record.get("filler", 0) + sum(p.filler for p in windowed)
