@@ -55,8 +55,9 @@ class Output:
 
 
 TRACE_ENV = "STRATA_STEP_TRACE"
-"""A file to append one JSON line per scheduler step to: decoding slots, rows, micro-batches, windows,
-tokens emitted and where the step's milliseconds went (docs/backends/cuda.md)."""
+"""A file to append one JSON line per scheduler step to: decoding slots, rows,
+micro-batches, windows, tokens emitted and where the step's milliseconds went
+(docs/backends/cuda.md)."""
 
 
 def step_trace(path: str | None) -> Callable[[dict[str, Any]], None] | None:

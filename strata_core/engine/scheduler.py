@@ -109,9 +109,10 @@ COPY_MIN_GAIN = 16
 #: On a CPU a prompt row costs nearly the same however many rows share the step (two cores:
 #: 3.5-3.9 ms a row from 20 rows up, 6 ms at 4), so prompts prefilled together all wait for
 #: their sum. There a step takes the shortest pending prompts first and stops once it holds
-#: a whole prompt and at least this many rows: the first prompt's first token comes after
-#: its own prefill, each later one's a decode step later than beside the others (four
-#: prompts of 20 tokens: at about 90, 180, 270 and 370 ms instead of all at 330).
+#: a whole prompt and at least this many rows: each prompt's first token comes after its
+#: own prefill and those before it, and only the last one's later than beside the others,
+#: by the decode steps between (four prompts of 20 tokens: at about 90, 180, 270 and 370
+#: ms instead of all at 330).
 CPU_PREFILL_ROWS = 16
 
 

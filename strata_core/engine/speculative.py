@@ -72,9 +72,9 @@ class NgramIndex:
     tokens).
 
     ``append`` only extends the stream; the n-grams it completes are indexed by ``index``,
-    which ``draft`` calls first. The scheduler calls it while the device computes a step (a
-    GPU's decode returns once the work is queued), so on a GPU the index costs the step no
-    time, and tokens emitted while drafting pauses are indexed together later."""
+    which ``draft`` calls first. The scheduler calls it right after launching each decode:
+    a GPU's decode returns once the work is queued, so there indexing costs the step no
+    time."""
 
     def __init__(self, tokens: Sequence[int] = (), n_max: int = 3, n_min: int = 1) -> None:
         if not 1 <= n_min <= n_max:
