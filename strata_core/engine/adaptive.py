@@ -186,6 +186,7 @@ class StepCost:
         self._weight: dict[int, tuple[float, int]] = {}  # row count: (weight, step it was last measured)
         self._rows: list[int] = []  # measured row counts, ascending
         self._secs: list[float] = []  # their averages, fitted non-decreasing
+        self._fitted = True  # whether _rows and _secs hold every measurement (fitted when asked)
 
     def add(self, rows: int, seconds: float, steady: bool = True) -> None:
         if rows not in self._seen:
@@ -200,9 +201,7 @@ class StepCost:
         self.measured[rows] = moving_average(prev, seconds if prev is None else min(seconds, 2 * prev), self.decay)
         self._steps += 1
         self._weight[rows] = (self._faded(rows) + 1.0, self._steps)
-        self._rows = sorted(self.measured)
-        # more rows never cost less: a noisy average must not make a window look free
-        self._secs = isotonic([self.measured[r] for r in self._rows], [self._faded(r) for r in self._rows])
+        self._fitted = False
 
     def _faded(self, rows: int) -> float:
         """The weight of the row count's measurements now."""
@@ -217,14 +216,18 @@ class StepCost:
     @property
     def known(self) -> bool:
         """Whether two row counts were measured, so that ``seconds`` tells them apart."""
-        return len(self._rows) >= 2
+        return len(self.measured) >= 2
 
     def seconds(self, rows: int) -> float:
         """A step of ``rows`` rows; until two row counts were measured every step looks
         alike (1.0), so windows run and get measured."""
-        xs, ys = self._rows, self._secs
         if not self.known:
             return 1.0
+        if not self._fitted:  # more rows never cost less: a noisy average must not make a window look free
+            self._rows = sorted(self.measured)
+            self._secs = isotonic([self.measured[r] for r in self._rows], [self._faded(r) for r in self._rows])
+            self._fitted = True
+        xs, ys = self._rows, self._secs
         if rows <= xs[0]:
             return ys[0] * rows / xs[0]
         i = bisect.bisect_left(xs, rows)
