@@ -5,6 +5,8 @@ all of them; the figures pool every round and the per-round rates show the sprea
 ``--waves`` every server runs throughout and they take turns every wave of c requests
 (ABBA), so drift slower than a wave falls on all alike; each wave starts and ends with its
 own ramp, and --requests counts the requests of each concurrency (--requests / c waves).
+--control runs a second Strata server, strata-b, as a peer: its ratio shows what two
+identical servers differ by in the run.
 
     python bench/serving.py --concurrency 1 4 --requests 8 --max-tokens 128
 
@@ -174,6 +176,8 @@ def servers(args: argparse.Namespace, model: str, slots: int, flash_attn: bool) 
                          "-c", str(args.n_ctx * slots), "-t", threads, "-tb", threads,
                          "--port", "{port}", "--no-webui", "-ngl", str(args.ngl), "-fa", fa],
     }  # fmt: skip
+    if args.control:  # started after llama-server: what two identical servers differ by in this run
+        out["strata-b"] = list(out["strata"])
     if args.llama_cpp_python:
         out["llama-cpp-python"] = [sys.executable, "-m", "llama_cpp.server", "--model", model,
                                    "--n_ctx", str(args.n_ctx), "--n_threads", threads,
@@ -202,6 +206,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="servers alternate this many times; figures pool all rounds")
     ap.add_argument("--waves", action="store_true",
                     help="run every server throughout and take turns every wave of c requests (ABBA), not every round")
+    ap.add_argument("--control", action="store_true",
+                    help="a second Strata server, strata-b, whose ratio to strata is the bench's own noise")
     ap.add_argument("--port", type=int, default=8931)
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
