@@ -10,18 +10,17 @@ from --concurrency) runs with speculation on (``spec_k`` = --k) or off (0), the 
 taking turns in ABBA order, for --waves waves per mode. Every step is traced as the
 engine's ``STRATA_STEP_TRACE`` does (the device is waited for apart from the host).
 
-For each workload, c and mode it prints tokens per second over the waves, then the plain
-steps (no window) by decoding slots: how many, and their median milliseconds of the whole
-step, of ``llama_decode`` (building the batch and launching the work; on a CPU, the work
-itself), of waiting for the device, of sampling and verifying the rows, and of the rest
-(admitting requests, drafting, sizing windows). Speculation off and on should differ there
-only by drafting: the rest of a plain step runs the same code.
+For each workload, c and mode it prints tokens per second over the waves, then the mode's
+steps as bench/trace_steps.py summarises a trace: by decoding slots and kind, the median
+milliseconds of the whole step, of ``llama_decode`` (building the batch and launching the
+work; on a CPU, the work itself), of waiting for the device, of sampling and verifying the
+rows, and of the rest (admitting requests, prefill, drafting, sizing windows). On plain
+steps (no window) the two modes should differ only by drafting: the rest runs the same code.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from collections import defaultdict
@@ -55,6 +54,7 @@ def main() -> None:
 
     from bench.serving import abba
     from bench.speculative import WORKLOADS
+    from bench.trace_steps import summarise
     from strata_core.engine.scheduler import Request, Scheduler
     from strata_core.options import SamplingParams
     from strata_core.text.chat import FALLBACK_TEMPLATE, ChatTemplate
@@ -77,7 +77,6 @@ def main() -> None:
                    for p in WORKLOADS[name]]  # fmt: skip
         for c in a.concurrency:
             wall: dict[str, float] = defaultdict(float)
-            tokens: dict[str, int] = defaultdict(int)
             by_mode: dict[str, list[dict[str, Any]]] = defaultdict(list)
             for wave in range(a.waves):
                 for mode in abba(list(modes), wave):
@@ -90,27 +89,14 @@ def main() -> None:
                     while sched.busy:
                         sched.step()
                     wall[mode] += time.perf_counter() - t0
-                    done = steps[first:]
-                    tokens[mode] += sum(s["emitted"] for s in done)
-                    by_mode[mode] += done
+                    by_mode[mode] += steps[first:]
             print(f"\n{name} c={c}")
             for mode in modes:
-                print(f"  {mode:<6} {tokens[mode] / wall[mode]:8.1f} tok/s ({tokens[mode]} tokens)")
-            print(f"  {'mode':<6} {'slots':>5} {'steps':>6} {'step ms':>8} {'decode':>7} {'wait':>7} "
-                  f"{'verify':>7} {'other':>7}")  # fmt: skip
+                tokens = sum(s["emitted"] for s in by_mode[mode])
+                print(f"  {mode:<6} {tokens / wall[mode]:8.1f} tok/s ({tokens} tokens)")
             for mode in modes:
-                plain: dict[int, list[dict[str, Any]]] = defaultdict(list)
-                for s in by_mode[mode]:
-                    if "rows" in s and "step_ms" in s and not s.get("windows") and not s.get("prefill_rows"):
-                        plain[s["n"]].append(s)
-                for n, group in sorted(plain.items()):
-                    med = {key: statistics.median(s[key] for s in group)
-                           for key in ("step_ms", "decode_ms", "wait_ms", "verify_ms")}  # fmt: skip
-                    other = statistics.median(
-                        s["step_ms"] - s["decode_ms"] - s["wait_ms"] - s["verify_ms"] for s in group
-                    )
-                    print(f"  {mode:<6} {n:>5} {len(group):>6} {med['step_ms']:>8.3f} {med['decode_ms']:>7.3f} "
-                          f"{med['wait_ms']:>7.3f} {med['verify_ms']:>7.3f} {other:>7.3f}")  # fmt: skip
+                print(f"  {mode}:")
+                summarise(by_mode[mode])
 
 
 if __name__ == "__main__":

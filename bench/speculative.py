@@ -40,6 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.serving import Result, abba, p50, run_load  # noqa: E402
 from strata_core.testing.harness import Server  # noqa: E402
 
+CONTROL = "off-b"  # --control's second speculation-off server
+
 # Long enough that a faithful copy runs past --max-tokens: the copy-heavy figure then
 # measures copying, not the chat around it.
 PASSAGE = (
@@ -127,7 +129,7 @@ def main() -> None:
         if m != "off":
             specs += [(m if len(a.k) == 1 else f"{m}/k{k}", m, k) for k in a.k]
     if a.control:  # started last: what a server's start order and placement alone change
-        specs.append(("off-b", "off", a.k[0]))
+        specs.append((CONTROL, "off", a.k[0]))
     modes = [name for name, _, _ in specs]
     extra = {"temperature": a.temperature} if a.temperature else None
     table: dict[tuple[str, str, int], list[Result]] = {}
@@ -188,7 +190,7 @@ def main() -> None:
                 print(f"{mode:<8} {name:<10} c={c}: on/off tokens/s x{ratio:.3f}, "
                       f"TTFT x{p50(on.ttft) / p50(off.ttft):.3f}, ITL x{p50(on.itl) / p50(off.itl):.3f}, "
                       f"acceptance {acc:.2f} ({on.accepted}/{on.drafted})")  # fmt: skip
-                if a.floor is not None and ratio < a.floor and mode != "off-b":
+                if a.floor is not None and ratio < a.floor and mode != CONTROL:
                     below.append(f"{mode} {name} c={c} x{ratio:.3f}")
     if below:
         print(f"below the floor x{a.floor}: {', '.join(below)}")

@@ -310,11 +310,12 @@ class Scheduler:
         budget = batch.capacity - sum(1 + len(drafts[s.seq].offered) if s.seq in drafts else 1 for s in decoding)
         batch.clear()
         prompts = [s for s in self.slots if s.req is not None and s.pending and not s.req.isolate]
-        if not self.llama.on_gpu:  # one prompt's rows cost what they would beside others: shortest first
+        cpu = not self.llama.on_gpu
+        if cpu:  # one prompt's rows cost what they would beside others: shortest first
             prompts.sort(key=lambda s: len(s.pending))
         rows, whole = 0, False
         for slot in prompts:
-            if budget <= 0 or (whole and rows >= CPU_PREFILL_ROWS and not self.llama.on_gpu):
+            if budget <= 0 or (cpu and whole and rows >= CPU_PREFILL_ROWS):
                 break
             taken = self._chunk(slot, budget, decoding)
             budget, rows, whole = budget - taken, rows + taken, whole or not slot.pending
