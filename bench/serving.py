@@ -11,7 +11,10 @@ identical servers differ by in the run.
     python bench/serving.py --concurrency 1 4 --requests 8 --max-tokens 128
 
 Reports per server and concurrency: aggregate output tokens/s, TTFT p50 and ITL p50
-(streamed chunks), and the ratio of Strata to each peer.
+(streamed chunks), and the ratio of Strata to each peer. Requests send ``ignore_eos`` (as
+vLLM's benchmark does), so every reply runs to --max-tokens on every server: two servers'
+greedy texts part where their numerics differ, and one that ends a reply early would
+otherwise hold fewer tokens in the same wave's time (--stop-at-eos lets replies end).
 """
 
 from __future__ import annotations
@@ -208,9 +211,14 @@ def main() -> None:
                     help="run every server throughout and take turns every wave of c requests (ABBA), not every round")
     ap.add_argument("--control", action="store_true",
                     help="a second Strata server, strata-b, whose ratio to strata is the bench's own noise")
+    ap.add_argument("--stop-at-eos", action="store_true",
+                    help="let replies end at the model's end-of-generation token; by default requests send "
+                         "ignore_eos, so every server generates --max-tokens for each and a reply that two "
+                         "servers' numerics end at different lengths does not count as speed")
     ap.add_argument("--port", type=int, default=8931)
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
+    extra = None if args.stop_at_eos else {"ignore_eos": True}
     model = str(resolve_model(args.model).path)
     backend = load_registry().get(args.backend)
     site = ensure_engine(backend).path
@@ -242,7 +250,7 @@ def main() -> None:
                     for wave in range(max(1, args.requests // c)):
                         for name in abba(list(procs), rnd + wave):
                             tag = None if args.repeat_prompts else f"round {rnd} c{c} w{wave}"
-                            got[name].add(asyncio.run(run_load(bases[name], c, c, args.max_tokens, tag, first=wave * c)))
+                            got[name].add(asyncio.run(run_load(bases[name], c, c, args.max_tokens, tag, extra=extra, first=wave * c)))
                     for name, r in got.items():
                         record(rnd, name, c, r)
         finally:
@@ -257,7 +265,7 @@ def main() -> None:
                     wait_health(f"http://127.0.0.1:{args.port}", proc)
                     for c in args.concurrency:
                         tag = None if args.repeat_prompts else f"round {rnd} c{c}"
-                        record(rnd, name, c, asyncio.run(run_load(f"http://127.0.0.1:{args.port}", c, args.requests, args.max_tokens, tag)))
+                        record(rnd, name, c, asyncio.run(run_load(f"http://127.0.0.1:{args.port}", c, args.requests, args.max_tokens, tag, extra=extra)))
                 finally:
                     proc.terminate()
                     proc.wait(30)

@@ -283,6 +283,9 @@ class BaseRequest(_Strict):
     logprobs_mode: Literal["raw", "processed"] | None = None
     # Extension: false turns off the server's speculative decoding for this request.
     speculative: bool | None = None
+    # Extension (llama-server's and vLLM's name, llama-server's meaning): the model's
+    # end-of-generation tokens are never sampled, so the reply runs to its token limit.
+    ignore_eos: bool | None = None
     response_format: ResponseFormat | None = None
 
     @model_validator(mode="before")

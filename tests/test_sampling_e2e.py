@@ -300,3 +300,17 @@ def test_config_default_the_engine_cannot_honour_refuses_to_start(
     assert rc != 0, log
     assert "repetition_penalty" in log and "penalty_last_n" in log, log
     assert "Strata serving" not in log
+
+
+def test_ignore_eos_runs_the_reply_to_its_token_limit(api: openai.OpenAI) -> None:
+    """A short answer ends at the model's end-of-generation token; with ``ignore_eos``
+    (llama-server's and vLLM's extension) that token is never sampled, so the reply runs
+    to max_tokens, and up to where it ended before it is the same greedy text."""
+    kw: dict[str, Any] = {"model": "default", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 48}
+    short = api.chat.completions.create(**kw)
+    assert short.usage is not None and short.usage.completion_tokens < 48
+    assert short.choices[0].finish_reason == "stop", short  # the model did end on its own
+    full = api.chat.completions.create(**kw, extra_body={"ignore_eos": True})
+    assert full.usage is not None and full.usage.completion_tokens == 48, full
+    assert full.choices[0].finish_reason == "length"
+    assert (full.choices[0].message.content or "").startswith((short.choices[0].message.content or "").rstrip())

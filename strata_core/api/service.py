@@ -6,10 +6,11 @@ turns its request into these calls and their pieces into its bodies."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -324,6 +325,9 @@ class Service:
             opts = opts.replace(spec=cfg.speculative.mode)
         if grammar is not None:
             opts = opts.replace(grammar=grammar)
+        if req.ignore_eos:  # an end-of-generation token's logit is -inf, as llama-server sets it
+            eog = dict.fromkeys(self.engine.info.get("eog") or [], -math.inf)
+            opts = opts.replace(sampling=replace(opts.sampling, bias={**opts.sampling.bias, **eog}))
         try:
             opts.check(self.n_vocab)
         except OptionError as exc:
