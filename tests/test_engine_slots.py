@@ -130,3 +130,46 @@ def test_on_a_cpu_the_shortest_waiting_prompt_is_answered_first(cpu_engine: Engi
     assert lengths["short"] < lengths["mid"] < lengths["long"], out
     assert first["short"] < first["mid"] < first["long"], out
     assert max(out["prefill"]) < lengths["long"] + lengths["mid"], out  # never two of the longer ones at once
+
+
+REPEAT_SCRIPT = textwrap.dedent(
+    """
+    import json
+    from strata_core import protocol as proto
+    from strata_core.engine.llama import Llama, ModelOptions
+    from strata_core.options import SamplingParams
+    from strata_core.engine.scheduler import Request, Scheduler
+
+    m = Llama(ModelOptions(path=MODEL, n_ctx=512, n_seq=2, n_batch=256))
+    prompt = m.tokenize(b"<|im_start|>user\\nWhy is the sky blue?<|im_end|>\\n<|im_start|>assistant\\n", True, True)
+    events, steps = [], []
+    sched = Scheduler(m, events.append, trace=steps.append)
+    runs = {}
+    for rid in ("first", "again"):
+        events.clear()
+        sched.submit(Request(rid, list(prompt), SamplingParams(), 6, frozenset(), 5))
+        while sched.busy:
+            sched.step()
+        done = [e for e in events if isinstance(e, proto.Done)][0]
+        runs[rid] = {"tokens": [e.id for e in events if isinstance(e, proto.Token)],
+                     "logprobs": [[e.logprob, e.top] for e in events if isinstance(e, proto.Logprob)],
+                     "cached": int(done.stats["cached"])}
+    print(json.dumps({"n": len(prompt), "runs": runs,
+                      "steps": [{k: s.get(k, 0) for k in ("prefill_rows", "rows", "emitted")} for s in steps]}))
+    """
+)
+
+
+def test_a_prompt_asked_again_takes_its_first_token_from_the_row_kept(cpu_engine: EngineBuild, default_model: Path) -> None:
+    """A prompt's first token comes from its last chunk's last row: the step that
+    prefills the prompt emits it, with no decode rows. Asked again, the same prompt finds
+    itself cached whole with that row and is sampled from it, computing nothing, so its
+    tokens and logprobs are those of the first time, bit for bit."""
+    out = run_engine_script(REPEAT_SCRIPT, cpu_engine, default_model)
+    n, first, again = out["n"], out["runs"]["first"], out["runs"]["again"]
+    assert first["cached"] == 0 and again["cached"] == n, out
+    assert again["tokens"] == first["tokens"] and again["logprobs"] == first["logprobs"], out
+    emitting = [s for s in out["steps"] if s["emitted"]]
+    assert emitting[0] == {"prefill_rows": n, "rows": 0, "emitted": 1}, out  # the prompt, its first token
+    repeat = emitting[len(first["tokens"])]  # the first step of the repeat that emitted a token
+    assert repeat == {"prefill_rows": 0, "rows": 0, "emitted": 1}, out  # sampled, nothing computed

@@ -12,7 +12,7 @@ least recently used go first once the entries exceed their byte budget.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from strata_core.engine.speculative import common_prefix
 class Saved:
     tokens: list[int]
     state: np.ndarray  # uint8
+    first: dict[int, np.ndarray] = field(default_factory=dict)  # its slot's first-token rows (Slot.first)
 
 
 class SavedPrompts:
@@ -49,13 +50,17 @@ class SavedPrompts:
         self.entries.remove(entry)
         self.entries.append(entry)
 
-    def add(self, tokens: Sequence[int], state: np.ndarray) -> None:
-        """Keep ``state`` for ``tokens``; entries it holds all of (a prefix of it) go."""
+    def add(self, tokens: Sequence[int], state: np.ndarray, first: dict[int, np.ndarray] | None = None) -> None:
+        """Keep ``state`` for ``tokens`` (and the first-token rows of prompts it holds);
+        entries it holds all of (a prefix of it) go, their rows joining its."""
         if state.nbytes > self.capacity:
             return
+        rows: dict[int, np.ndarray] = {}
         for e in [e for e in self.entries if _starts_with(tokens, e.tokens)]:
+            rows.update(e.first)
             self._drop(e)
-        self.entries.append(Saved(list(tokens), state))
+        rows.update(first or {})
+        self.entries.append(Saved(list(tokens), state, rows))
         self.size += state.nbytes
         while self.size > self.capacity:
             self._drop(self.entries[0])

@@ -86,6 +86,10 @@ class Slot:
     spec_wait: int = 0  # draft model: decode steps left before this slot drafts again
     spec_misses: int = 0  # draft model: windows in a row that accepted nothing
     window: int = 0  # rows its window added to the last step it decoded in
+    #: by prompt length, the logits row that gave a request on this cache its first token,
+    #: while the cache holds that prompt: the same prompt again samples its first token
+    #: from it, computing nothing and exactly as the first time
+    first: dict[int, np.ndarray] = field(default_factory=dict)
 
 
 #: The draft model drafts only while at most this many slots decode: beyond it the batch
@@ -114,6 +118,8 @@ COPY_MIN_GAIN = 16
 #: by the decode steps between (four prompts of 20 tokens: at about 90, 180, 270 and 370
 #: ms instead of all at 330).
 CPU_PREFILL_ROWS = 16
+#: First-token rows a cache keeps (Slot.first), the latest prompts'.
+FIRST_ROWS = 4
 
 
 class Scheduler:
@@ -210,7 +216,7 @@ class Scheduler:
                 traceback.print_exc()  # to the engine's log
                 self.emit(proto.Error(req.rid, f"could not start the request: {exc}"))
                 self._done(req, "error")
-                slot.req, slot.pending, slot.last, slot.cached = None, [], None, []
+                slot.req, slot.pending, slot.last, slot.cached, slot.first = None, [], None, [], {}
                 try:
                     self.llama.seq_trim(slot.seq, 0)
                 except Exception:  # the slot is empty as far as the scheduler knows
@@ -237,20 +243,24 @@ class Scheduler:
         if copying:
             t0 = time.perf_counter()
             if shared[donor.seq] >= n_saved:
-                ok, tokens, n = self.llama.seq_copy(donor.seq, slot.seq), donor.cached, shared[donor.seq]
+                ok, n = self.llama.seq_copy(donor.seq, slot.seq), shared[donor.seq]
+                tokens, first = donor.cached, donor.first
             else:
                 assert saved is not None
                 self.saved.use(saved)
-                ok, tokens, n = self.llama.seq_load(slot.seq, saved.state), saved.tokens, n_saved
+                ok, tokens, n, first = self.llama.seq_load(slot.seq, saved.state), saved.tokens, n_saved, saved.first
             self.copy_secs = moving_average(self.copy_secs, time.perf_counter() - t0)
-            slot.cached, have = (list(tokens), n) if ok else ([], 0)
-        # The last prompt token is decoded like a generated one, in a decode step: the
-        # first sampled row comes from the same kernels as every later one.
-        keep = min(have, len(prompt) - 1)
+            slot.cached, have, slot.first = (list(tokens), n, dict(first)) if ok else ([], 0, {})
+        # The first token comes from the row of the last prompt token: from the row kept
+        # when this prompt gave a request its first token on this cache before (nothing
+        # to compute), else from the prompt's last chunk, which computes that token too.
+        whole = not req.isolate and have >= len(prompt) and len(prompt) in slot.first
+        keep = len(prompt) if whole else min(have, len(prompt) - 1)
         self.llama.seq_trim(slot.seq, keep)
         slot.cached = slot.cached[:keep]
+        slot.first = {n: row for n, row in slot.first.items() if n <= keep}
         slot.pending = prompt[keep:-1]
-        slot.req, slot.last = req, prompt[-1]
+        slot.req, slot.last = req, None if whole else prompt[-1]
         slot.reused = keep >= COPY_MIN_GAIN
         req.cached = keep
 
@@ -271,7 +281,7 @@ class Scheduler:
             state = self.llama.seq_save(slot.seq)
             self.copy_secs = moving_average(self.copy_secs, time.perf_counter() - t0)
             if state is not None:
-                self.saved.add(slot.cached, state)
+                self.saved.add(slot.cached, state, slot.first)
 
     # ---- one step ---------------------------------------------------------------------
 
@@ -279,9 +289,11 @@ class Scheduler:
         """One step: prompt chunks in one ``llama_decode``, then one token (or one
         speculative window) per decoding slot in a second.
 
-        Decode rows never share a batch with prompt chunks, so a sampled row is computed
-        the same way whatever else is prefilling; and a prompt whose last chunk goes in
-        this step gets its first token in this step too.
+        Decode rows never share a batch with prompt chunks, so a generated token's row is
+        computed the same way whatever else is prefilling. A prompt's first token is
+        sampled from its last chunk's last row, so it comes in the step that prefills that
+        chunk; a prompt cached whole with the row that gave its first token before takes
+        it from that row, at the start of a step (``Slot.first``).
         """
         t_step = time.perf_counter()
         self._timed(t_step)
@@ -307,6 +319,9 @@ class Scheduler:
             record["guarded"] = True
         self._windowed = bool(drafts)
         self._step = record
+        for slot in self.slots:  # prompts cached whole: their first token from the row kept
+            if slot.req is not None and slot.last is None and not slot.pending:
+                self._sample(slot, slot.first[len(slot.cached)])
         budget = batch.capacity - sum(1 + len(drafts[s.seq].offered) if s.seq in drafts else 1 for s in decoding)
         batch.clear()
         prompts = [s for s in self.slots if s.req is not None and s.pending and not s.req.isolate]
@@ -314,12 +329,17 @@ class Scheduler:
         if cpu:  # one prompt's rows cost what they would beside others: shortest first
             prompts.sort(key=lambda s: len(s.pending))
         rows, whole = 0, False
+        first: list[tuple[Slot, int]] = []  # prompts whose last token is in their last chunk
         for slot in prompts:
             if budget <= 0 or (cpu and whole and rows >= CPU_PREFILL_ROWS):
                 break
-            taken = self._chunk(slot, budget, decoding)
+            taken = self._chunk(slot, budget, decoding, first)
             budget, rows, whole = budget - taken, rows + taken, whole or not slot.pending
         self._prefill()
+        for slot, idx in first:
+            assert slot.last is not None
+            slot.cached.append(slot.last)
+            self._sample(slot, self.llama.logits(idx))
         # A request that must replay exactly is prefilled alone, in chunks its prompt alone
         # decides: llama.cpp computes a token's KV by the rows of its sequence in the
         # micro-batch (on the CPU, flash attention tiles 64 rows or more), so a chunk cut by
@@ -338,15 +358,22 @@ class Scheduler:
         if not self.busy:  # nothing runs next: the step ends here, not at the next one
             self._timed(time.perf_counter())
 
-    def _chunk(self, slot: Slot, most: int, decoding: list[Slot]) -> int:
-        """Add up to ``most`` of the slot's pending prompt tokens to the batch; how many.
-        A slot whose prompt is then all in joins ``decoding``: its last token decodes next."""
+    def _chunk(self, slot: Slot, most: int, decoding: list[Slot], first: list[tuple[Slot, int]] | None = None) -> int:
+        """Add up to ``most`` of the slot's pending prompt tokens to the batch; how many rows.
+        A slot whose prompt is then all in adds its last token too, with logits, where
+        ``first`` collects it (with its row) and there is room: its first token is sampled
+        from this decode. Otherwise it joins ``decoding``: its last token decodes next."""
         chunk = slot.pending[:most]
         self.batch.add(chunk, len(slot.cached), slot.seq, "none")
         slot.cached.extend(chunk)
         del slot.pending[: len(chunk)]
-        if not slot.pending:
-            decoding.append(slot)
+        if slot.pending:
+            return len(chunk)
+        if first is not None and len(chunk) < most:
+            assert slot.last is not None
+            first.append((slot, self.batch.add_one(slot.last, len(slot.cached), slot.seq)))
+            return len(chunk) + 1
+        decoding.append(slot)
         return len(chunk)
 
     def _prefill(self) -> None:
@@ -609,7 +636,7 @@ class Scheduler:
         req.drafted += drafts  # counted before any row is sampled: a row may end the request
         kept = 0
         for j in range(len(draft) + 1):
-            tok = self._sample(slot, idx + j)
+            tok = self._sample(slot, self.llama.logits(idx + j))
             if tok is None or j == len(draft) or tok != draft[j]:
                 break
             slot.cached.append(tok)  # its KV is already in the cache
@@ -636,7 +663,7 @@ class Scheduler:
         req.drafted += len(offered)  # counted before any row is emitted: one may end the request
         kept = 0
         for tok in [*offered[: result.accepted], result.token]:
-            if self._sample(slot, idx + kept, chosen=tok) is None or kept == result.accepted:
+            if self._sample(slot, self.llama.logits(idx + kept), chosen=tok) is None or kept == result.accepted:
                 break
             slot.cached.append(tok)  # its KV is already in the cache
             kept += 1
@@ -650,14 +677,19 @@ class Scheduler:
         slot.spec_misses = 0 if kept else slot.spec_misses + 1
         slot.spec_wait = min(2**slot.spec_misses - 1, SPEC_MAX_WAIT) if not kept else 0
 
-    def _sample(self, slot: Slot, idx: int, chosen: int | None = None) -> int | None:
-        """Sample the row at ``idx`` for ``slot`` (or take ``chosen``, which a verifier drew
-        from it); the token, or None when it ended the request."""
+    def _sample(self, slot: Slot, row: np.ndarray, chosen: int | None = None) -> int | None:
+        """Sample the logits ``row`` for ``slot`` (or take ``chosen``, which a verifier drew
+        from it); the token, or None when it ended the request. A request's first row is
+        kept (``Slot.first``)."""
         req = slot.req
         assert req is not None
-        row = self.llama.logits(idx)
         params = req.params
         position = len(slot.cached)
+        if not req.generated and slot.first.get(position) is not row:
+            slot.first.pop(position, None)
+            slot.first[position] = row.copy()  # the latest last
+            while len(slot.first) > FIRST_ROWS:
+                del slot.first[next(iter(slot.first))]
         last_n = params.penalty_last_n
         history = slot.cached[-last_n:] if last_n else ()
         mask = None
