@@ -60,14 +60,19 @@ class SavedPrompts:
             rows.update(e.first)
             self._drop(e)
         rows.update(first or {})
-        self.entries.append(Saved(list(tokens), state, rows))
-        self.size += state.nbytes
+        entry = Saved(list(tokens), state, rows)
+        self.entries.append(entry)
+        self.size += _nbytes(entry)
         while self.size > self.capacity:
             self._drop(self.entries[0])
 
     def _drop(self, entry: Saved) -> None:
         self.entries.remove(entry)
-        self.size -= entry.state.nbytes
+        self.size -= _nbytes(entry)
+
+
+def _nbytes(entry: Saved) -> int:
+    return entry.state.nbytes + sum(row.nbytes for row in entry.first.values())
 
 
 def _starts_with(tokens: Sequence[int], prefix: Sequence[int]) -> bool:
