@@ -687,7 +687,7 @@ class Scheduler:
         position = len(slot.cached)
         if not req.generated and slot.first.get(position) is not row:
             slot.first.pop(position, None)
-            slot.first[position] = row.copy()  # the latest last
+            slot.first[position] = row.copy()  # last in order: the latest prompt's
             while len(slot.first) > FIRST_ROWS:
                 del slot.first[next(iter(slot.first))]
         last_n = params.penalty_last_n
