@@ -329,14 +329,14 @@ class Scheduler:
         if cpu:  # one prompt's rows cost what they would beside others: shortest first
             prompts.sort(key=lambda s: len(s.pending))
         rows, whole = 0, False
-        first: list[tuple[Slot, int]] = []  # prompts whose last token is in their last chunk
+        from_prefill: list[tuple[Slot, int]] = []  # prompts whose last token is in their last chunk
         for slot in prompts:
             if budget <= 0 or (cpu and whole and rows >= CPU_PREFILL_ROWS):
                 break
-            taken = self._chunk(slot, budget, decoding, first)
+            taken = self._chunk(slot, budget, decoding, from_prefill)
             budget, rows, whole = budget - taken, rows + taken, whole or not slot.pending
         self._prefill()
-        for slot, idx in first:
+        for slot, idx in from_prefill:
             assert slot.last is not None
             slot.cached.append(slot.last)
             self._sample(slot, self.llama.logits(idx))
@@ -358,20 +358,22 @@ class Scheduler:
         if not self.busy:  # nothing runs next: the step ends here, not at the next one
             self._timed(time.perf_counter())
 
-    def _chunk(self, slot: Slot, most: int, decoding: list[Slot], first: list[tuple[Slot, int]] | None = None) -> int:
+    def _chunk(
+        self, slot: Slot, most: int, decoding: list[Slot], from_prefill: list[tuple[Slot, int]] | None = None
+    ) -> int:
         """Add up to ``most`` of the slot's pending prompt tokens to the batch; how many rows.
         A slot whose prompt is then all in adds its last token too, with logits, where
-        ``first`` collects it (with its row) and there is room: its first token is sampled
-        from this decode. Otherwise it joins ``decoding``: its last token decodes next."""
+        ``from_prefill`` collects it (with its row) and there is room: its first token is
+        sampled from this decode. Otherwise it joins ``decoding``: its last token decodes next."""
         chunk = slot.pending[:most]
         self.batch.add(chunk, len(slot.cached), slot.seq, "none")
         slot.cached.extend(chunk)
         del slot.pending[: len(chunk)]
         if slot.pending:
             return len(chunk)
-        if first is not None and len(chunk) < most:
+        if from_prefill is not None and len(chunk) < most:
             assert slot.last is not None
-            first.append((slot, self.batch.add_one(slot.last, len(slot.cached), slot.seq)))
+            from_prefill.append((slot, self.batch.add_one(slot.last, len(slot.cached), slot.seq)))
             return len(chunk) + 1
         decoding.append(slot)
         return len(chunk)
