@@ -54,16 +54,34 @@ class Probe:
 
 
 @dataclass(frozen=True)
+class SourceEdit:
+    """One change a backend makes to the pinned llama.cpp source before it builds.
+
+    ``path`` is relative to the llama-cpp-python source tree; ``old`` must occur in that
+    file exactly once as released, and is replaced by ``new``. Edits are applied to the
+    released text every time (the original is kept beside the file), so changing an edit
+    and rebuilding never stacks it on an older one. The source tree is shared by every
+    backend, so an edit may only touch files that no other backend compiles.
+    """
+
+    path: str
+    old: str
+    new: str
+    why: str
+
+
+@dataclass(frozen=True)
 class BuildSpec:
     """How to build llama-cpp-python for a backend.
 
-    ``cmake_args`` and ``env`` are part of the build's cache key; ``required_tools``
-    are checked on PATH before a build starts.
+    ``cmake_args``, ``env`` and ``source_edits`` are part of the build's cache key;
+    ``required_tools`` are checked on PATH before a build starts.
     """
 
     cmake_args: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
     required_tools: tuple[str, ...] = ("cmake",)
+    source_edits: tuple[SourceEdit, ...] = ()
 
 
 @dataclass(frozen=True)

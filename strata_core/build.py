@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from strata_core.backend import Backend, BuildSpec
+from strata_core.backend import Backend, BuildSpec, SourceEdit
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SDIST = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
@@ -50,12 +50,14 @@ class EngineBuild:
 
 
 def build_key(spec: BuildSpec) -> str:
-    ident = {
+    ident: dict[str, object] = {
         "llama_cpp_python": LLAMA_CPP_PYTHON_VERSION,
         "machine": platform.machine(),
         "cmake_args": list(spec.cmake_args),
         "env": dict(sorted(spec.env.items())),
     }
+    if spec.source_edits:  # absent from older keys, so builds without edits keep theirs
+        ident["source_edits"] = [[e.path, e.old, e.new] for e in spec.source_edits]
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -112,6 +114,36 @@ def source_dir(log: Log) -> Path:
         safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
         tar.extractall(unpacked.parent, **safe)  # type: ignore[arg-type]
     return unpacked
+
+
+ORIGINAL = ".strata-original"
+
+
+def apply_source_edits(tree: Path, edits: tuple[SourceEdit, ...], log: Log) -> None:
+    """Write each edited file as its released text with ``edits`` applied. The released
+    text is kept beside the file (``<name>.strata-original``) on the first edit, so a file
+    an earlier build edited is edited afresh from the release, never twice."""
+    by_path: dict[str, list[SourceEdit]] = {}
+    for e in edits:
+        by_path.setdefault(e.path, []).append(e)
+    for rel, file_edits in by_path.items():
+        path = tree / rel
+        original = path.with_name(path.name + ORIGINAL)
+        if not original.is_file():
+            if not path.is_file():
+                raise BuildError(f"cannot edit {rel}: the source release has no such file")
+            shutil.copy2(path, original)
+        text = original.read_text()
+        for e in file_edits:
+            if text.count(e.old) != 1:
+                raise BuildError(
+                    f"cannot edit {rel} ({e.why}): the text to replace occurs "
+                    f"{text.count(e.old)} times in llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}, not once"
+                )
+            text = text.replace(e.old, e.new)
+        if path.read_text() != text:
+            path.write_text(text)
+            log(f"edited {rel}: " + "; ".join(e.why for e in file_edits))
 
 
 def fetch_source(log: Log) -> Path:
@@ -221,6 +253,9 @@ def ensure_engine(backend: Backend, llama_cpp: str | None = None, log: Log = pri
             source = str(Path(llama_cpp).resolve())
             meta["source"] = source
         else:
-            source = str(source_dir(log))
+            tree = source_dir(log)
+            apply_source_edits(tree, spec.source_edits, log)
+            meta["source_edits"] = [e.why for e in spec.source_edits]
+            source = str(tree)
             log(f"building the {backend.name} engine (takes minutes; log: {d / 'build.log'})")
         return _install(backend, spec, d / "site", source, log, meta)

@@ -184,6 +184,50 @@ def test_engine_build_is_cached_and_keyed(cpu_engine: EngineBuild) -> None:
     assert find_engine("cuda", other) is None
 
 
+def test_cuda_source_edit_applies_to_the_pinned_release_once(cpu_engine: EngineBuild, tmp_path: Path) -> None:
+    """The CUDA backend's edit finds its text in the pinned release (a new pin whose text
+    moved fails here, not in a GPU build), is applied from the released text every time,
+    and is part of the build key."""
+    import shutil
+
+    from strata_cuda import GRAPH_KEY_BY_SHAPE
+
+    from strata_core.backend import BuildSpec, SourceEdit
+    from strata_core.build import ORIGINAL, BuildError, apply_source_edits, source_dir
+
+    edit = GRAPH_KEY_BY_SHAPE
+    released = source_dir(print) / edit.path
+    kept = released.with_name(released.name + ORIGINAL)
+    tree = tmp_path / "src"
+    target = tree / edit.path
+    target.parent.mkdir(parents=True)
+    shutil.copy2(kept if kept.is_file() else released, target)
+    release_text = target.read_text()
+    assert release_text.count(edit.old) == 1 and edit.new not in release_text
+
+    said: list[str] = []
+    apply_source_edits(tree, (edit,), said.append)
+    edited = target.read_text()
+    assert edited == release_text.replace(edit.old, edit.new) and said == [f"edited {edit.path}: {edit.why}"]
+    assert target.with_name(target.name + ORIGINAL).read_text() == release_text
+    stamp = target.stat().st_mtime_ns
+    apply_source_edits(tree, (edit,), said.append)  # unchanged: no rewrite, no rebuild
+    assert target.stat().st_mtime_ns == stamp and len(said) == 1
+
+    # A changed edit is applied to the released text, not stacked on the older one.
+    other = SourceEdit(edit.path, edit.old, edit.new.replace("different keys", "their own keys"), "v2")
+    apply_source_edits(tree, (other,), said.append)
+    assert target.read_text() == release_text.replace(edit.old, other.new)
+    with pytest.raises(BuildError, match="occurs 0 times"):
+        apply_source_edits(tree, (SourceEdit(edit.path, "no such text", "", "stale"),), said.append)
+
+    spec = BuildSpec(cmake_args=("-DGGML_CUDA=ON",))
+    assert build_key(BuildSpec(spec.cmake_args, source_edits=(edit,))) != build_key(spec)
+    assert build_key(BuildSpec(spec.cmake_args, source_edits=(other,))) != build_key(
+        BuildSpec(spec.cmake_args, source_edits=(edit,))
+    )
+
+
 def test_engine_gives_logits_of_one_token(cpu_engine: EngineBuild, default_model: Path) -> None:
     code = textwrap.dedent(
         f"""

@@ -15,6 +15,7 @@ from strata_core.backend import (
     EngineDefaults,
     Probe,
     ProbeStatus,
+    SourceEdit,
     cpu_flags,
     run_tool,
     which,
@@ -29,6 +30,34 @@ MIN_TOOLKIT = (12, 0)
 #: entry also embeds PTX, which the driver JIT-compiles for newer GPUs.
 FALLBACK_ARCHITECTURES = "75;80;86;89;90"
 GPU_QUERY = "--query-gpu=index,uuid,name,memory.total,compute_cap"
+
+#: ggml-cuda keeps one captured CUDA graph per key, and the key is the graph's first node.
+#: llama.cpp builds every decode graph in the same buffer, so a one-row step and a step
+#: that verifies a draft window share that node: each change of batch shape threw the
+#: other shape's capture away, ran the next step without a graph and captured it again
+#: (docs/backends/cuda.md, "Source edits"). Keyed by shape too,
+#: each shape keeps its own capture. A key is only a cache slot: ggml-cuda still compares
+#: every node before it replays a capture, so a collision costs time, never correctness.
+GRAPH_KEY_BY_SHAPE = SourceEdit(
+    path="vendor/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu",
+    old="""static const void * ggml_cuda_graph_get_key(ggml_cgraph * cgraph) {
+    return cgraph->nodes[0];
+}""",
+    new="""static const void * ggml_cuda_graph_get_key(ggml_cgraph * cgraph) {
+    // Edited by Strata's CUDA backend: graphs of different shapes get different keys.
+    const ggml_tensor * first = cgraph->nodes[0];
+    const ggml_tensor * last  = cgraph->nodes[cgraph->n_nodes - 1];
+    uint64_t key = (uint64_t) (uintptr_t) first;
+    const auto mix = [&key](uint64_t v) { key = (key ^ v) * 0x100000001b3ULL; };
+    mix((uint64_t) cgraph->n_nodes);
+    for (int d = 0; d < GGML_MAX_DIMS; ++d) {
+        mix((uint64_t) first->ne[d]);
+        mix((uint64_t) last->ne[d]);
+    }
+    return (const void *) (uintptr_t) key;
+}""",
+    why="one CUDA graph per batch shape",
+)
 
 
 @dataclass(frozen=True)
@@ -193,6 +222,7 @@ class CudaBackend(Backend):
             cmake_args=args + cpu_cmake_args(cpu_flags(), platform.machine()),
             env={"CUDACXX": nvcc},
             required_tools=("cmake", nvcc),
+            source_edits=(GRAPH_KEY_BY_SHAPE,),
         )
 
     def engine_env(self, engine: EngineConfig) -> dict[str, str]:
