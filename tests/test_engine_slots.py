@@ -173,3 +173,58 @@ def test_a_prompt_asked_again_takes_its_first_token_from_the_row_kept(cpu_engine
     assert emitting[0] == {"prefill_rows": n, "rows": 0, "emitted": 1}, out  # the prompt, its first token
     repeat = emitting[len(first["tokens"])]  # the first step of the repeat that emitted a token
     assert repeat == {"prefill_rows": 0, "rows": 0, "emitted": 1}, out  # sampled, nothing computed
+
+
+SAVE_SCRIPT = textwrap.dedent(
+    """
+    import json
+    from strata_core.engine.llama import Llama, ModelOptions
+    from strata_core.options import SamplingParams
+    from strata_core.engine.scheduler import Request, Scheduler
+    from strata_core.engine.speculative import common_prefix
+
+    m = Llama(ModelOptions(path=MODEL, n_ctx=512, n_seq=4, n_batch=512))
+    system = "You are a ship's cook who answers every question with a recipe and a song. " * 3
+    def chat(n):  # alike: each cache holds about as much past what the prompts share
+        text = f"<|im_start|>system\\n{system}<|im_end|>\\n<|im_start|>user\\nQuestion {n}.<|im_end|>\\n<|im_start|>assistant\\n"
+        return m.tokenize(text.encode(), True, True)
+    n_shared = common_prefix(chat(1), chat(2))  # what a new request keeps of a slot's cache
+    sched = Scheduler(m, lambda ev: None, saved_bytes=1 << 30)
+
+    def burst(*names):
+        for name in names:
+            sched.submit(Request(name, list(chat(name)), SamplingParams(), 24, frozenset(), None))
+        while sched.busy:
+            sched.step()
+        return len(sched.saved.entries)
+
+    out = {"warm-up": burst(10)}
+    out["a"] = burst(1, 2, 3, 4)  # each starts from the cached system prompt: worth saving later
+    lost = [len(s.cached) - n_shared for s in sched.slots]
+    # a GPU's costs: prefilling what any slot would lose costs more than a copy and less
+    # than two, so one request waiting for the copy is worth it, two or more are not
+    sched.prefill_secs, sched.copy_secs = 1e-4, max(lost) * 1e-4 / 1.9
+    out["b"] = burst(5, 6, 7, 8)
+    out["lost"] = [min(lost), max(lost)]
+    # idle: the free slots' caches go to host memory one a call, till none is left
+    sched.prefill_secs, sched.copy_secs = 1e-3, 1e-6
+    calls = [sched.save_idle() for _ in range(6)]
+    out["idle"] = [calls, len(sched.saved.entries)]
+    out["c"] = burst(11, 12, 13, 14)  # their caches are saved already: no copy on admission
+    print(json.dumps(out))
+    """
+)
+
+
+def test_a_burst_waits_for_no_copy_that_costs_it_more_than_it_saves(cpu_engine: EngineBuild, default_model: Path) -> None:
+    """A slot's cache is copied to host memory before a new request takes the slot only when
+    the prefill it may save beats the wait of every request queued for the copy; while the
+    engine idles, the free slots' caches are saved one at a time, so requests to come find
+    them saved."""
+    out = run_engine_script(SAVE_SCRIPT, cpu_engine, default_model)
+    lo, hi = out["lost"]
+    assert lo >= 16 and hi < 1.9 * lo, out  # caches alike enough for the costs to split as meant
+    assert out["warm-up"] == 0 and out["a"] == 0, out  # nothing reused before: nothing saved
+    assert out["b"] == 1, out  # four requests in a burst: only the last one, waited for alone, copies
+    assert out["idle"] == [[True, True, True, True, False, False], 5], out
+    assert out["c"] == 5, out

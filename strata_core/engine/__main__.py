@@ -276,7 +276,10 @@ def main(argv: list[str] | None = None) -> int:
     running = True
     while running or sched.busy:
         try:
-            # Block only when there is nothing to decode.
+            # Block only when there is nothing to decode; till a command comes, save the
+            # free slots' caches one at a time, off the path of the requests to come.
+            while not sched.busy and q.empty() and sched.save_idle():
+                pass
             cmd = q.get(block=not sched.busy)
             running = handle(cmd) and running
             while True:

@@ -234,8 +234,9 @@ class Scheduler:
         donor = max(self.slots, key=lambda s: shared[s.seq])
         saved, n_saved = (None, 0) if req.isolate else self.saved.longest(prompt)
         copying = self._worth_copying(max(shared[donor.seq], n_saved) - have)
-        # what the slot held goes to host memory first, if worth keeping
-        self._save(slot, 0 if copying else min(have, len(prompt) - 1))
+        # what the slot held goes to host memory first, if worth keeping: the copy delays
+        # this request and every one still waiting behind it
+        self._save(slot, 0 if copying else min(have, len(prompt) - 1), delayed=1 + len(self.waiting))
         if saved is not None and not any(e is saved for e in self.saved.entries):
             # the save evicted it for room: look again (the slot still holds its cache)
             saved, n_saved = self.saved.longest(prompt)
@@ -264,24 +265,45 @@ class Scheduler:
         slot.reused = keep >= COPY_MIN_GAIN
         req.cached = keep
 
-    def _worth_copying(self, tokens: int) -> bool:
-        """Whether copying a cache beats prefilling ``tokens`` of it (measured costs)."""
+    def _worth_copying(self, tokens: int, delayed: int = 1) -> bool:
+        """Whether copying a cache beats prefilling ``tokens`` of it (measured costs), when
+        the copy makes ``delayed`` requests wait for it."""
         if tokens < COPY_MIN_GAIN:
             return False
-        return self.prefill_secs is None or self.copy_secs is None or tokens * self.prefill_secs > self.copy_secs
+        if self.prefill_secs is None or self.copy_secs is None:
+            return True
+        return tokens * self.prefill_secs > delayed * self.copy_secs
 
-    def _save(self, slot: Slot, keep: int) -> None:
-        """Save the slot's cache to host memory before it shrinks to ``keep`` tokens. Only
-        a cache its request reused (a conversation, a shared system prompt) is likely to be
-        asked for again, and only one whose prefill costs more than saving it is saved."""
-        if not (slot.reused and self.saved.capacity and self._worth_copying(len(slot.cached) - keep)):
-            return
-        if not self.saved.holds(slot.cached):
-            t0 = time.perf_counter()
-            state = self.llama.seq_save(slot.seq)
-            self.copy_secs = moving_average(self.copy_secs, time.perf_counter() - t0)
-            if state is not None:
-                self.saved.add(slot.cached, state, slot.first)
+    def save_idle(self) -> bool:
+        """With nothing to decode: save one free slot's cache to host memory, if worth
+        keeping, so that the request that takes the slot later need not wait for the copy
+        (docs/architecture.md, "Prompt caches"); whether one was saved. What another slot
+        holds too is not lost when the slot moves on, so only the rest must be worth it."""
+        for slot in self.slots:
+            if slot.req is None and slot.reused:
+                others = (common_prefix(slot.cached, s.cached) for s in self.slots if s is not slot)
+                if self._save(slot, max(others, default=0)):
+                    return True
+        return False
+
+    def _save(self, slot: Slot, keep: int, delayed: int = 1) -> bool:
+        """Save the slot's cache to host memory before it shrinks to ``keep`` tokens; whether
+        it was saved now. Only a cache its request reused (a conversation, a shared system
+        prompt) is likely to be asked for again, and only one whose prefill costs more than
+        the ``delayed`` requests' wait for the copy is saved: on a GPU, where prefill is
+        cheap, a burst of new requests does not wait for a copy of every slot they take."""
+        if not (slot.reused and self.saved.capacity and self._worth_copying(len(slot.cached) - keep, delayed)):
+            return False
+        if self.saved.holds(slot.cached):
+            return False
+        t0 = time.perf_counter()
+        state = self.llama.seq_save(slot.seq)
+        self.copy_secs = moving_average(self.copy_secs, time.perf_counter() - t0)
+        if state is None:  # llama.cpp refused: not tried again for this cache
+            slot.reused = False
+        else:
+            self.saved.add(slot.cached, state, slot.first)
+        return True
 
     # ---- one step ---------------------------------------------------------------------
 
