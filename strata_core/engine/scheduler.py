@@ -294,14 +294,14 @@ class Scheduler:
         cheap, a burst of new requests does not wait for a copy of every slot they take."""
         if not (slot.reused and self.saved.capacity and self._worth_copying(len(slot.cached) - keep, delayed)):
             return False
-        if self.saved.holds(slot.cached):
+        held = self.saved.holds(slot.cached)
+        slot.reused = False  # saved (or refused by llama.cpp): not asked again for this cache
+        if held:
             return False
         t0 = time.perf_counter()
         state = self.llama.seq_save(slot.seq)
         self.copy_secs = moving_average(self.copy_secs, time.perf_counter() - t0)
-        if state is None:  # llama.cpp refused: not tried again for this cache
-            slot.reused = False
-        else:
+        if state is not None:
             self.saved.add(slot.cached, state, slot.first)
         return True
 
