@@ -279,7 +279,7 @@ class Scheduler:
         keeping, so that the request that takes the slot later need not wait for the copy
         (docs/architecture.md, "Prompt caches"); whether one was saved. What another slot
         holds too is not lost when the slot moves on, so only the rest must be worth it."""
-        for slot in self.slots:
+        for slot in self.slots if self.saved.capacity else ():
             if slot.req is None and slot.reused:
                 others = (common_prefix(slot.cached, s.cached) for s in self.slots if s is not slot)
                 if self._save(slot, max(others, default=0)):
