@@ -263,10 +263,18 @@ PAUSE_SCRIPT = textwrap.dedent(
     from strata_core.engine.llama import Llama, ModelOptions
     from strata_core.options import SamplingParams
     from strata_core.engine.scheduler import Request, Scheduler
+    from strata_core.engine.speculative import NgramIndex
 
     class Costly(StepCost):  # every row costs a whole step: no window ever pays
         def seconds(self, rows):
             return 0.001 * rows
+
+    indexed = []
+    index = NgramIndex.index
+    def counted(self):
+        indexed.append(1)
+        return index(self)
+    NgramIndex.index = counted
 
     m = Llama(ModelOptions(path=MODEL, n_ctx=1024, n_seq=1, n_batch=256))
     passage = ("The keeper climbed the ninety steps every night, trimmed the wick, and wrote the "
@@ -293,7 +301,8 @@ PAUSE_SCRIPT = textwrap.dedent(
             sched.step()
         out[k] = {"tokens": [e.id for e in events if isinstance(e, proto.Token)], "steps": len(steps),
                   "drafting": drafting, "windows": sum(1 for s in steps if s.get("windows")),
-                  "tested": req.acceptance.whole}
+                  "tested": req.acceptance.whole, "indexed": len(indexed)}
+        indexed.clear()
     print(json.dumps(out))
     """
 )
@@ -313,3 +322,5 @@ def test_ngram_drafting_pauses_where_no_window_pays(cpu_engine: EngineBuild, def
     assert len(set(drafting)) <= 4 + steps / 9, on  # steps 1, 3, 6, 11, then every 9th
     assert len(set(drafting)) >= 4, on
     assert on["tested"] != 2.0, on  # shadows were scored (2.0: none ever was)
+    # nor is the index kept up every step while drafting pauses: only for a step that drafts
+    assert on["indexed"] <= 2 * len(set(drafting)) + 2, on

@@ -455,7 +455,11 @@ class Scheduler:
         self.llama.decode(batch)
         for seq in fill:
             self.llama.seq_trim(seq, len(self.slots[seq].cached))
-        for slot in group:  # on a GPU the step is still computing: index the last tokens meanwhile
+        # On a GPU the step is still computing: index the last tokens meanwhile, for the
+        # drafts of the next step. While drafting pauses nobody drafts next step, and where
+        # the host sets a step's pace (a small model, many slots) indexing would lengthen it:
+        # the first draft after the pause indexes what came meanwhile (NgramIndex.draft).
+        for slot in group if not self.ngram_pause else ():
             if slot.req is not None and slot.req.ngrams is not None:
                 slot.req.ngrams.index()
         t1 = time.perf_counter()
