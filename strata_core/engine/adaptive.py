@@ -13,11 +13,12 @@ decode), and ``Calibration`` measures how much of that promise the windows it op
 kept. ``window_size`` then picks the k that maximises the expected tokens per second of
 the step, and 0 when no window beats an ordinary step.
 
-A change of the batch's shape has a price of its own on a GPU: llama.cpp replays a
-captured CUDA graph only for a shape it ran twice in a row, and launches every kernel
-anew otherwise. ``StepCost`` measures that price (``switch``), and a slot keeps the
-window size it had unless another pays for the change, padding the window with filler
-rows when the n-gram index drafts fewer tokens than it holds. On a CPU the price is
+A change of the batch's shape has a price of its own on a GPU: llama.cpp builds and
+plans a graph again for a new shape, and replays a captured CUDA graph only for a shape
+it has captured (one per shape in Strata's CUDA build, docs/backends/cuda.md "Source
+edits"; one for all as released). ``StepCost`` measures that price (``switch``), and a
+slot keeps the window size it had unless another pays for the change, padding the window
+with filler rows when the n-gram index drafts fewer tokens than it holds. On a CPU the price is
 nil and the window follows the drafts.
 """
 
@@ -156,10 +157,10 @@ class StepCost:
     slot and step, so it answers from a table rebuilt when a step is added.
 
     A step is *steady* when the two decodes before it had its shape. Only steady steps
-    enter the table; what the others cost beyond it is ``switch``: a GPU replays a
-    captured graph for a batch shape it ran twice in a row and launches every kernel
-    anew after a change, so a window that changes the shape pays for it, and one that
-    keeps it does not. The first step of each row count is not counted at all: a batch
+    enter the table; what the others cost beyond it is ``switch``: after a change of
+    shape llama.cpp builds its graph again, and a GPU launches every kernel anew until it
+    has a capture for the shape, so a window that changes the shape pays for it, and one
+    that keeps it does not. The first step of each row count is not counted at all: a batch
     shape the device has not run yet pays for its set-up (kernel choice, buffers), many
     times a later step, and an average seeded with it would keep windows of that size
     away for good. For the same reason one step can at most double an average.
