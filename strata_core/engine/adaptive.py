@@ -18,8 +18,8 @@ plans a graph again for a new shape, and replays a captured CUDA graph only for 
 it has captured (one per shape in Strata's CUDA build, docs/backends/cuda.md "Source
 edits"; one for all as released). ``StepCost`` measures that price (``switch``), and a
 slot keeps the window size it had unless another pays for the change, padding the window
-with filler rows when the n-gram index drafts fewer tokens than it holds. On a CPU the price is
-nil and the window follows the drafts.
+with filler rows when the n-gram index drafts fewer tokens than it holds. On a CPU the
+price is nil and the window follows the drafts.
 """
 
 from __future__ import annotations
