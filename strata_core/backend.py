@@ -61,7 +61,8 @@ class SourceEdit:
     file exactly once as released, and is replaced by ``new``. Edits are applied to the
     released text every time (the original is kept beside the file), so changing an edit
     and rebuilding never stacks it on an older one. The source tree is shared by every
-    backend, so an edit may only touch files that no other backend compiles.
+    backend and an edit stays in it after its build, so it must be harmless to any other
+    backend that compiles the same file (the HIP backend compiles ggml-cuda's sources).
     """
 
     path: str
