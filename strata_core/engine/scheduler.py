@@ -82,7 +82,7 @@ class Slot:
     req: Request | None = None
     pending: list[int] = field(default_factory=list)  # prompt tokens still to decode
     last: int | None = None  # sampled, not yet decoded
-    reused: bool = False  # its request started from a cached prefix worth keeping
+    reused: bool = False  # its request started from a cached prefix worth keeping, and no copy was made since
     spec_wait: int = 0  # draft model: decode steps left before this slot drafts again
     spec_misses: int = 0  # draft model: windows in a row that accepted nothing
     window: int = 0  # rows its window added to the last step it decoded in
@@ -277,7 +277,7 @@ class Scheduler:
     def save_idle(self) -> bool:
         """With nothing to decode: save one free slot's cache to host memory, if worth
         keeping, so that the request that takes the slot later need not wait for the copy
-        (docs/architecture.md, "Prompt caches"); whether one was saved. What another slot
+        (docs/architecture.md, "Prompt caches"); whether one was copied (or tried). What another slot
         holds too is not lost when the slot moves on, so only the rest must be worth it."""
         for slot in self.slots if self.saved.capacity else ():
             if slot.req is None and slot.reused:
@@ -288,7 +288,7 @@ class Scheduler:
 
     def _save(self, slot: Slot, keep: int, delayed: int = 1) -> bool:
         """Save the slot's cache to host memory before it shrinks to ``keep`` tokens; whether
-        it was saved now. Only a cache its request reused (a conversation, a shared system
+        a copy was made now (or tried: llama.cpp may refuse it). Only a cache its request reused (a conversation, a shared system
         prompt) is likely to be asked for again, and only one whose prefill costs more than
         the ``delayed`` requests' wait for the copy is saved: on a GPU, where prefill is
         cheap, a burst of new requests does not wait for a copy of every slot they take."""
