@@ -101,8 +101,9 @@ SPEC_MAX_WAIT = 32
 #: paid even had every slot drafted all the tokens it has room for (adaptive), n-gram
 #: drafting pauses for 1, 2, 4, then at most this many steps: where windows do not pay,
 #: drafting and sizing them every step was the whole cost of speculation (an H200 step
-#: of 4 slots: 1.75 ms against 1.67 off). Tokens are the same either way; a pending
-#: shadow draft is scored when drafting resumes.
+#: of 4 slots: 1.75 ms against 1.67 off). Tokens are the same either way; a shadow
+#: draft is scored as the tokens it guessed are emitted, and one whose kept drafts make
+#: a window pay ends the pause.
 NGRAM_MAX_PAUSE = 8
 #: A new request starts from a copy of another slot's cache, or of one saved in host
 #: memory, when that saves prefilling at least this many prompt tokens (a copy costs far
@@ -571,13 +572,31 @@ class Scheduler:
         assert req is not None and slot.last is not None
         if req.ngrams is None:  # the stream so far: the prompt, then emitted tokens
             req.ngrams = NgramIndex([*slot.cached, slot.last])
-        if req.shadow is not None and (kept := req.shadow.check(req.ngrams.tokens)) is not None:
-            req.acceptance.observe(len(req.shadow.tokens), kept)
-            req.shadow = None
         tokens = req.ngrams.draft(k)
         if req.grammar is not None:  # a token the grammar forbids can never be kept
             tokens = tokens[: req.grammar.valid_prefix(tokens)]
         return tokens
+
+    def _score_shadow(self, req: Request) -> None:
+        """Score the request's shadow draft once its stream shows what it would have kept
+        (as each token is emitted, paused or not). Where what it kept makes a window pay
+        now, a pause of n-gram drafting ends: a copy resumed after a miss is drafted for
+        at once, not after the rest of a pause of up to NGRAM_MAX_PAUSE steps."""
+        assert req.shadow is not None and req.ngrams is not None
+        if (kept := req.shadow.check(req.ngrams.tokens)) is None:
+            return
+        req.acceptance.observe(len(req.shadow.tokens), kept)
+        req.shadow = None
+        if kept and self.ngram_pause and self._window_pays(req):
+            self.ngram_pause, self._next_pause = 0, 1
+
+    def _window_pays(self, req: Request) -> bool:
+        """Whether a window as long as the request may open would pay in a step like the
+        one running, at the request's acceptance (its drafts aside)."""
+        n = int(self._step["n"]) if self._step is not None else 1
+        k = req.spec_k
+        return window_size(req.acceptance.alpha, k, self.cost.seconds, n, float(n), k, 0, self.cost.switch,
+                           self.calibration.ratio) > 0  # fmt: skip
 
     def _open(self, slot: Slot, tokens: list[int], n: int, out: dict[int, Proposal]) -> float:
         """A window of ``n`` rows for the slot: its drafts, then filler (the last draft
@@ -747,6 +766,8 @@ class Scheduler:
             self._step["emitted"] += 1
         if req.ngrams is not None:
             req.ngrams.append(tok)
+            if req.shadow is not None:
+                self._score_shadow(req)
         if req.logprobs is not None:
             if req.logprobs_processed:
                 lps, top = processed_logprobs(row, req.logprobs, params, history, mask)
