@@ -311,15 +311,15 @@ PAUSE_SCRIPT = textwrap.dedent(
 def test_ngram_drafting_pauses_where_no_window_pays(cpu_engine: EngineBuild, default_model: Path) -> None:
     """Where n-gram drafts open no window, drafting them and sizing windows every step was
     the whole cost of speculation on a GPU (open-ended text: x0.96 at 4 slots on an H200).
-    After a step where no window could have paid, drafting pauses for 1, 2, 4, then 8
-    steps: the tokens are those of speculation off, and the drafts made are still scored
-    as shadows."""
+    After a step where no window could have paid, drafting pauses for 1, 2, 4, ... then
+    32 steps: the tokens are those of speculation off, and the drafts made are still
+    scored as shadows."""
     out = run_script(PAUSE_SCRIPT, cpu_engine, default_model)
     off, on = out["0"], out["7"]
     assert on["tokens"] == off["tokens"] and len(on["tokens"]) > 40
     assert on["windows"] == 0 and off["drafting"] == []
     steps, drafting = on["steps"], on["drafting"]
-    assert len(set(drafting)) <= 4 + steps / 9, on  # steps 1, 3, 6, 11, then every 9th
+    assert len(set(drafting)) <= 6 + steps / 33, on  # steps 1, 3, 6, 11, 20, 37, then every 33rd
     assert len(set(drafting)) >= 4, on
     assert on["tested"] != 2.0, on  # shadows were scored (2.0: none ever was)
     # nor is the index kept up every step while drafting pauses: only for a step that drafts

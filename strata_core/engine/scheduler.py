@@ -97,14 +97,18 @@ class Slot:
 #: windows cost no drafting; the measured step cost decides for them, adaptive.py.)
 SPEC_MAX_SLOTS = 2
 SPEC_MAX_WAIT = 32
-#: After a step where the n-gram index drafted nothing, or where no window could have
-#: paid even had every slot drafted all the tokens it has room for (adaptive), n-gram
-#: drafting pauses for 1, 2, 4, then at most this many steps: where windows do not pay,
-#: drafting and sizing them every step was the whole cost of speculation (an H200 step
-#: of 4 slots: 1.75 ms against 1.67 off). Tokens are the same either way; a shadow
-#: draft is scored as the tokens it guessed are emitted, and one whose kept drafts make
-#: a window pay ends the pause.
-NGRAM_MAX_PAUSE = 8
+#: After a step where no window could have paid even had every slot drafted all the
+#: tokens it has room for (adaptive), n-gram drafting pauses for 1, 2, 4, ... then at
+#: most this many steps: where windows do not pay, drafting and sizing them every step was
+#: the whole cost of speculation (an H200 step of 4 slots: 1.75 ms against 1.67 off), and
+#: at 16 slots drafting one step in nine still cost some 50 us a step on an H100's host
+#: (docs/backends/cuda.md). Tokens are the same either way; a shadow draft is scored as
+#: the tokens it guessed are emitted, and one whose kept drafts make a window pay ends the
+#: pause.
+NGRAM_MAX_PAUSE = 32
+#: After a step where the index drafted nothing at all, the pause is at most this long:
+#: whether a draft exists changes with every token, what a window costs and keeps slowly.
+NGRAM_MAX_DRY_PAUSE = 8
 #: A new request starts from a copy of another slot's cache, or of one saved in host
 #: memory, when that saves prefilling at least this many prompt tokens (a copy costs far
 #: less than computing them again); a slot's cache is saved before it loses as many.
@@ -549,7 +553,8 @@ class Scheduler:
             if any(slot.seq in out for slot, _, _ in offers) or (drafted and self._could_pay(offers, len(decoding))):
                 self._next_pause = 1
             else:
-                self.ngram_pause, self._next_pause = self._next_pause, min(2 * self._next_pause, NGRAM_MAX_PAUSE)
+                cap = NGRAM_MAX_PAUSE if drafted else NGRAM_MAX_DRY_PAUSE
+                self.ngram_pause, self._next_pause = min(self._next_pause, cap), min(2 * self._next_pause, NGRAM_MAX_PAUSE)
         if jobs and not run_drafter:
             return out, True
         if jobs:
@@ -582,8 +587,12 @@ class Scheduler:
         (as each token is emitted, paused or not). Where what it kept makes a window pay
         now, a pause of n-gram drafting ends: a copy resumed after a miss is drafted for
         at once, not after the rest of a pause of up to NGRAM_MAX_PAUSE steps."""
-        assert req.shadow is not None and req.ngrams is not None
-        if (kept := req.shadow.check(req.ngrams.tokens)) is None:
+        shadow, stream = req.shadow, req.ngrams.tokens if req.ngrams is not None else []
+        assert shadow is not None
+        i = len(stream) - 1 - shadow.start  # the token just emitted is the shadow's i-th guess
+        if 0 <= i < len(shadow.tokens) - 1 and stream[-1] == shadow.tokens[i]:
+            return  # guessed right, more to come: the common case, in constant time
+        if (kept := shadow.check(stream)) is None:
             return
         req.acceptance.observe(len(req.shadow.tokens), kept)
         req.shadow = None
