@@ -8,6 +8,7 @@ from fractions import Fraction
 import pytest
 
 from strata_core.engine.adaptive import (
+    CPU_MARGIN,
     MARGIN,
     Acceptance,
     Calibration,
@@ -70,6 +71,15 @@ def test_a_compute_bound_step_pays_only_for_likely_drafts() -> None:
     assert window_size(0.97, 4, two_cpu_cores, rows=1, tokens=1) == 4
     # beside three other slots the fixed part of the step is already shared
     assert window_size(0.8, 4, two_cpu_cores, rows=4, tokens=4) == 0
+
+
+def test_a_cpu_window_must_promise_a_clear_gain() -> None:
+    # beside three other slots, drafts kept 97% of the time promise a few percent on two
+    # cores, less than the cores' step times wander: no window there
+    assert window_size(0.97, 4, two_cpu_cores, rows=4, tokens=4) == 3
+    assert window_size(0.97, 4, two_cpu_cores, rows=4, tokens=4, margin=CPU_MARGIN) == 0
+    # alone the same drafts promise far more, and open one
+    assert window_size(0.97, 4, two_cpu_cores, rows=1, tokens=1, margin=CPU_MARGIN) == 4
 
 
 def h200(rows: int) -> float:  # the default model there, measured: one kernel path up to 8 rows

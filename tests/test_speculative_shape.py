@@ -105,7 +105,8 @@ GUARD_SCRIPT = textwrap.dedent(
     out = {}
     for guarded in (False, True):
         steps = []
-        sched = Scheduler(m, lambda ev: None, adaptive=True, trace=steps.append)
+        # a GPU's sizing: a window once open is kept, padded with filler, while rows look free
+        sched = Scheduler(m, lambda ev: None, adaptive=True, shape_costs=True, trace=steps.append)
         sched.cost = FreeRows()
         if not guarded:
             sched.guard = NoGuard()

@@ -30,6 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MARGIN = 1.03
+#: On a CPU a window's rows cost nearly what they compute, so at a few slots the best
+#: windows promise a few percent, and the two cores' step times wander by more than that
+#: (docs/backends/cpu.md): there a window opens only where it promises this many times a
+#: plain step's rate.
+CPU_MARGIN = 1.10
 
 
 def moving_average(prev: float | None, value: float, decay: float = 0.8) -> float:
@@ -45,11 +50,11 @@ def expected_kept(alpha: Any, k: int) -> Any:
     return alpha * (1 - alpha**k) / (1 - alpha)
 
 
-def _best(rate: Callable[[int], float], k_max: int, was: int) -> int:
+def _best(rate: Callable[[int], float], k_max: int, was: int, margin: float = MARGIN) -> int:
     """The k in 0..k_max of the highest rate, where the incumbent ``was`` keeps its place
-    unless another beats it by ``MARGIN`` (step times are measured amid noise)."""
+    unless another beats it by ``margin`` (step times are measured amid noise)."""
     best_k = was if was <= k_max else 0
-    best = MARGIN * rate(best_k)
+    best = margin * rate(best_k)
     for k in range(k_max + 1):
         if k != best_k and (r := rate(k)) > best:
             best_k, best = k, r
@@ -58,7 +63,7 @@ def _best(rate: Callable[[int], float], k_max: int, was: int) -> int:
 
 def window_size(
     alpha: float, k_max: int, seconds: Callable[[int], float], rows: int, tokens: float,
-    drafts: int | None = None, was: int = 0, switch: float = 0.0, trust: float = 1.0,
+    drafts: int | None = None, was: int = 0, switch: float = 0.0, trust: float = 1.0, margin: float = MARGIN,
 ) -> int:  # fmt: skip
     """The number of window rows (0..k_max) that maximises a step's expected tokens per second.
 
@@ -69,7 +74,7 @@ def window_size(
     previous step: any other size changes the batch's shape, which costs ``switch`` more
     seconds (a GPU runs a changed shape without its captured graph). ``trust`` scales the
     drafts a window is expected to keep (``Calibration``). The incumbent size
-    keeps its place unless another promises ``MARGIN`` times its rate, since step times
+    keeps its place unless another promises ``margin`` times its rate, since step times
     are measured amid the machine's noise; 0 means the step is best left as it is.
     """
     drafts = k_max if drafts is None else drafts
@@ -78,7 +83,7 @@ def window_size(
         extra = 0.0 if k == was else switch
         return (tokens + trust * expected_kept(alpha, min(k, drafts))) / (seconds(rows + k) + extra)
 
-    return _best(rate, k_max, was)
+    return _best(rate, k_max, was, margin)
 
 
 def uniform_window(

@@ -21,6 +21,8 @@ import numpy as np
 
 from strata_core import protocol as proto
 from strata_core.engine.adaptive import (
+    CPU_MARGIN,
+    MARGIN,
     Acceptance,
     Calibration,
     Shadow,
@@ -594,7 +596,7 @@ class Scheduler:
             return  # guessed right, more to come: the common case, in constant time
         if (kept := shadow.check(stream)) is None:
             return
-        req.acceptance.observe(len(req.shadow.tokens), kept)
+        req.acceptance.observe(len(shadow.tokens), kept)
         req.shadow = None
         if kept and self.ngram_pause and self._window_pays(req):
             self.ngram_pause, self._next_pause = 0, 1
@@ -603,9 +605,9 @@ class Scheduler:
         """Whether a window as long as the request may open would pay in a step like the
         one running, at the request's acceptance (its drafts aside)."""
         n = int(self._step["n"]) if self._step is not None else 1
-        k = req.spec_k
+        k, margin = req.spec_k, MARGIN if self.shape_costs else CPU_MARGIN
         return window_size(req.acceptance.alpha, k, self.cost.seconds, n, float(n), k, 0, self.cost.switch,
-                           self.calibration.ratio) > 0  # fmt: skip
+                           self.calibration.ratio, margin) > 0  # fmt: skip
 
     def _open(self, slot: Slot, tokens: list[int], n: int, out: dict[int, Proposal]) -> float:
         """A window of ``n`` rows for the slot: its drafts, then filler (the last draft
@@ -635,9 +637,9 @@ class Scheduler:
             assert req is not None
             if self.adaptive and out and not self.cost.known:  # one window measures a row count
                 n = 0
-            elif self.adaptive:  # the window may outgrow the drafts to keep the batch's shape
-                n = window_size(req.acceptance.alpha, k, self.cost.seconds, rows, expect, len(tokens), slot.window,
-                                self.cost.switch, trust)  # fmt: skip
+            elif self.adaptive:  # rows cost what they compute, so a window must beat plain rows by CPU_MARGIN
+                n = window_size(req.acceptance.alpha, k, self.cost.seconds, rows, expect, len(tokens), 0,
+                                self.cost.switch, trust, CPU_MARGIN)  # fmt: skip
             else:
                 n = len(tokens)
             promised = self._open(slot, tokens, n, out)
@@ -670,7 +672,7 @@ class Scheduler:
         cost, trust = self.cost, self.calibration.ratio
         return any(
             window_size(slot.req.acceptance.alpha if slot.req else 0.0, room, cost.seconds, rows, float(rows), room,
-                        slot.window, cost.switch, trust) > 0
+                        0, cost.switch, trust, CPU_MARGIN) > 0
             for slot, _, room in offers
         )  # fmt: skip
 
