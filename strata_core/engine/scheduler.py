@@ -589,8 +589,9 @@ class Scheduler:
         (as each token is emitted, paused or not). Where what it kept makes a window pay
         now, a pause of n-gram drafting ends: a copy resumed after a miss is drafted for
         at once, not after the rest of a pause of up to NGRAM_MAX_PAUSE steps."""
-        shadow, stream = req.shadow, req.ngrams.tokens if req.ngrams is not None else []
-        assert shadow is not None
+        shadow, ngrams = req.shadow, req.ngrams
+        assert shadow is not None and ngrams is not None
+        stream = ngrams.tokens
         i = len(stream) - 1 - shadow.start  # the token just emitted is the shadow's i-th guess
         if 0 <= i < len(shadow.tokens) - 1 and stream[-1] == shadow.tokens[i]:
             return  # guessed right, more to come: the common case, in constant time
@@ -631,7 +632,7 @@ class Scheduler:
         what they compute and a split batch nothing more; or every match, unadaptive)."""
         expect, trust = float(rows), self.calibration.ratio
         for slot, tokens, k in offers:
-            if not (tokens or slot.window):
+            if not tokens:
                 continue
             req = slot.req
             assert req is not None
