@@ -87,7 +87,6 @@ class Slot:
     reused: bool = False  # its request started from a cached prefix worth keeping, and no copy was made since
     spec_wait: int = 0  # draft model: decode steps left before this slot drafts again
     spec_misses: int = 0  # draft model: windows in a row that accepted nothing
-    window: int = 0  # rows its window added to the last step it decoded in
     #: by prompt length, the logits row that gave a request on this cache its first token,
     #: while the cache holds that prompt: the same prompt again samples its first token
     #: from it, computing nothing and exactly as the first time
@@ -455,8 +454,7 @@ class Scheduler:
             prop = drafts.get(slot.seq, Proposal())
             idx = batch.add([slot.last, *prop.offered], len(slot.cached), slot.seq, "all")
             windows.append((slot, idx, prop))
-            slot.window = len(prop.offered)
-            layout.append((slot.seq, 1 + slot.window))
+            layout.append((slot.seq, 1 + len(prop.offered)))
         # only a GPU prices a split step apart, and only a trace reports it
         parts = micro_batches(layout) if self.shape_costs or self.trace is not None else 1
         self.llama.decode(batch)
