@@ -4,7 +4,7 @@ unless --temperature is given).
     python bench/speculative.py [--requests 4] [--max-tokens 128] [--rounds 3]
         [--modes off ngram draft] [--k 7 [4 ...]] [--draft-model PATH | --draft-layers 28]
         [--threshold 0.1] [--temperature 0] [--workloads copy-heavy open-ended] [--concurrency 1 4]
-        [--backend cuda] [--waves] [--floor 0.98] [--control] [--trace DIR]
+        [--backend cuda] [--waves] [--floor 0.98] [--control] [--trace DIR] [--warmup 1] [--pin]
 
 Workloads: copy-heavy (repeat or lightly edit a given passage or code) and open-ended,
 by default at concurrency 1 and 4. One server per mode runs throughout; the modes take
@@ -22,12 +22,19 @@ is what two identical servers differ by in this run, through their start order, 
 the system placed their threads, and noise. With --trace DIR, each server's
 engine writes one JSON line per scheduler step to DIR/<mode>.jsonl
 (``STRATA_STEP_TRACE``; summarise with bench/trace_steps.py).
+
+Before the first round every server serves --warmup waves of each workload and c, not
+counted: a batch shape's first steps pay for its set-up on a GPU (kernel choice, graph
+capture), and n-gram windows bring more shapes than plain steps. With --pin, the client
+(this process) keeps one core and its hyperthread siblings and every server the other
+cores, so no server's engine shares a core with the client more than another's does.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import tempfile
 from contextlib import ExitStack
@@ -101,6 +108,28 @@ def line(r: Result) -> str:
             f"({r.tokens} tokens, {acc})")  # fmt: skip
 
 
+def siblings(cpu: int) -> set[int]:
+    """The logical CPUs sharing ``cpu``'s physical core (itself alone where unknown)."""
+    path = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+    out = {cpu}
+    if path.exists():
+        for part in path.read_text().strip().split(","):
+            lo, _, hi = part.partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def pin_client() -> set[int] | None:
+    """Split this process's CPUs: the servers started after this get all but one core's
+    (inherited), and this process, the client, that core; None where too few to split."""
+    cpus = os.sched_getaffinity(0)
+    client = siblings(min(cpus)) & cpus
+    if len(cpus - client) < 2:
+        return None
+    os.sched_setaffinity(0, cpus - client)
+    return client
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=4, help="requests per concurrent stream and round")
@@ -122,6 +151,8 @@ def main() -> None:
     ap.add_argument("--control", action="store_true",
                     help="a second speculation-off server, off-b, whose ratio to off is the bench's own noise")
     ap.add_argument("--trace", type=Path, help="a folder for each engine's per-step trace")
+    ap.add_argument("--warmup", type=int, default=1, help="uncounted waves of each cell per server before round 0")
+    ap.add_argument("--pin", action="store_true", help="the client on one core, the servers on the others")
     a = ap.parse_args()
     # (name, mode, k): one server each; "off" first, as the others' baseline
     specs = [("off", "off", a.k[0])]
@@ -133,6 +164,7 @@ def main() -> None:
     modes = [name for name, _, _ in specs]
     extra = {"temperature": a.temperature} if a.temperature else None
     table: dict[tuple[str, str, int], list[Result]] = {}
+    client = pin_client() if a.pin else None
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         draft = a.draft_model
         if "draft" in a.modes and not draft:
@@ -155,6 +187,25 @@ def main() -> None:
                 a.trace.mkdir(parents=True, exist_ok=True)
                 env = {"STRATA_STEP_TRACE": str(a.trace / f"{name.replace('/', '-')}.jsonl")}
             servers[name] = stack.enter_context(Server(args, cfg.with_suffix(".log"), env))
+        if client is not None:
+            os.sched_setaffinity(0, client)
+            print(f"client on CPUs {sorted(client)}, servers on the others", flush=True)
+
+        def load(mode: str, name: str, c: int, n: int, first: int) -> Result:
+            try:
+                return asyncio.run(run_load(servers[mode].base, c, n, a.max_tokens, prompts=WORKLOADS[name],
+                                            extra=extra, first=first))  # fmt: skip
+            except httpx.TimeoutException:
+                servers[mode].dump_stacks()
+                log = servers[mode].log.read_text(errors="replace")
+                sys.exit(f"{mode} {name} c={c}: a stream stalled; its server's log ends:\n{log[-12000:]}"
+                         f"\nits engine's log ends:\n{servers[mode].engine_log_tail()}")
+
+        for name in a.workloads:
+            for c in a.concurrency:
+                for w in range(a.warmup):
+                    for mode in modes:
+                        load(mode, name, c, c, w * c)
         for rnd in range(a.rounds):
             turn = modes[rnd % len(modes) :] + modes[: rnd % len(modes)]
             for name in a.workloads:
@@ -165,15 +216,7 @@ def main() -> None:
                     got = {mode: Result() for mode in turn}
                     for i, (n, first) in enumerate(waves):
                         for mode in abba(turn, i):
-                            try:
-                                r = asyncio.run(run_load(servers[mode].base, c, n, a.max_tokens,
-                                                         prompts=WORKLOADS[name], extra=extra, first=first))  # fmt: skip
-                            except httpx.TimeoutException:
-                                servers[mode].dump_stacks()
-                                log = servers[mode].log.read_text(errors="replace")
-                                sys.exit(f"round {rnd} {mode} {name} c={c}: a stream stalled; its server's log ends:\n{log[-12000:]}"
-                                         f"\nits engine's log ends:\n{servers[mode].engine_log_tail()}")
-                            got[mode].add(r)
+                            got[mode].add(load(mode, name, c, n, first))
                     for mode in turn:
                         table.setdefault((mode, name, c), []).append(got[mode])
                         print(f"round {rnd} {mode:<8} {name:<10} c={c}: {line(got[mode])}", flush=True)
