@@ -2,13 +2,17 @@
 whole to a replica (picked by the router from the request's routing key) and its response
 relayed as it comes. A request is tried again on another replica while nothing of its
 response has reached the client: when its replica dies first, or answers 503 (its engine
-is restarting). Once a stream has begun, a replica's death ends it with an error event."""
+is restarting); where every replica it tried answered 503 (all engines starting, as when
+one replica was replaced while another's engine restarts), it waits a little longer each
+time, for at most ``RETRY_FOR`` seconds. Once a stream has begun, a replica's death ends it
+with an error event."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
@@ -21,8 +25,14 @@ from strata_core.scale.prefix import routing_key
 
 log = logging.getLogger("strata.front")
 
-#: Tries of one request (on different replicas) before its error goes to the client.
+#: Tries of one request on replicas that fail before answering, before its error goes to
+#: the client.
 ATTEMPTS = 4
+#: Seconds the front keeps trying a request that replicas refuse with 503 while their
+#: engines (re)start (an engine on a CPU is back within a few seconds), waiting from
+#: ``BACKOFF`` seconds, twice as long each time, up to 1 s, once every replica was tried.
+RETRY_FOR = 15.0
+BACKOFF = 0.05
 
 #: Headers of a replica's response not relayed (the front's server sets its own).
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "date", "server"}
@@ -89,25 +99,30 @@ def create_front(replicas: Replicas, on_ready: Callable[[], Awaitable[None]] | N
             "headers": [(k, v) for k, v in request.headers.items() if k.lower() != "host"],
             "body": body, "key": routing_key(request.url.path, body) if body else None, "avoid": [],
         }  # fmt: skip
-        why = "no attempt"
-        for attempt in range(ATTEMPTS):
+        why, failures, wait = "no attempt", 0, BACKOFF
+        deadline = time.monotonic() + RETRY_FOR
+        while failures < ATTEMPTS:
             parts = replicas(req)
             try:
                 head, chunk = await first_part(parts)
             except (StopAsyncIteration, AssertionError) as exc:
-                why = f"a replica sent no response ({exc})"
+                why, failures = f"a replica sent no response ({exc})", failures + 1
                 continue
             except Exception as exc:  # the replica died before answering: try another
-                why = str(exc) or type(exc).__name__
-                log.warning("attempt %d: a replica failed before answering: %s", attempt + 1, why)
-                await asyncio.sleep(0.2 * attempt)
+                why, failures = str(exc) or type(exc).__name__, failures + 1
+                log.warning("attempt %d: a replica failed before answering: %s", failures, why)
+                await asyncio.sleep(0.2 * (failures - 1))
                 continue
             headers = {k: v for k, v in head["headers"] if k.lower() not in HOP_HEADERS}
             replica = headers.get("x-strata-replica")
-            if head["status"] == 503 and replica and attempt + 1 < ATTEMPTS:
-                req["avoid"].append(replica)  # its engine is (re)starting: another one
+            if head["status"] == 503 and replica and time.monotonic() + wait < deadline:
                 await parts.aclose()  # type: ignore[attr-defined]
                 why = (chunk or b"").decode(errors="replace")
+                if replica in req["avoid"]:  # every replica was tried: give the engines time
+                    await asyncio.sleep(wait)
+                    wait = min(2 * wait, 1.0)
+                else:  # its engine is (re)starting: another replica first
+                    req["avoid"].append(replica)
                 continue
             sse = headers.get("content-type", "").startswith("text/event-stream")
             return StreamingResponse(relay(parts, chunk, sse), status_code=head["status"], headers=headers)
