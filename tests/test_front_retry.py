@@ -22,8 +22,9 @@ from strata_core.scale import front
 class Starting:
     """Replicas A and B whose engines are up ``ready_after`` seconds from now (None: never)."""
 
-    def __init__(self, ready_after: dict[str, float | None]) -> None:
+    def __init__(self, ready_after: dict[str, float | None], code: str = "engine_unavailable") -> None:
         t0 = time.monotonic()
+        self.code = code
         self.up = {r: None if s is None else t0 + s for r, s in ready_after.items()}
         self.calls: list[str] = []
 
@@ -35,7 +36,8 @@ class Starting:
         headers = [("x-strata-replica", replica), ("content-type", "application/json")]
         if up is None or time.monotonic() < up:
             yield {"status": 503, "headers": headers}
-            yield json.dumps({"error": {"message": "the engine is starting; try again shortly"}}).encode()
+            yield json.dumps({"error": {"message": "the engine is starting; try again shortly",
+                                        "code": self.code}}).encode()
             return
         yield {"status": 200, "headers": headers}
         yield json.dumps({"served_by": replica}).encode()
@@ -74,3 +76,13 @@ def test_the_wait_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert r.status_code == 503
     assert "starting" in r.json()["error"]["message"]
     assert 0.3 < time.monotonic() - t0 < 2.0
+
+
+def test_a_503_of_busy_models_is_not_waited_for() -> None:
+    # every replica's models busy (max_loaded): each replica once, then the 503 as it is
+    replicas = Starting({"A": None, "B": None}, code="model_not_loaded")
+    t0 = time.monotonic()
+    r = asyncio.run(post(front.create_front(replicas)))
+    assert r.status_code == 503 and r.json()["error"]["code"] == "model_not_loaded"
+    assert replicas.calls == ["A", "B", "A"]
+    assert time.monotonic() - t0 < 0.5

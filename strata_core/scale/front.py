@@ -2,9 +2,9 @@
 whole to a replica (picked by the router from the request's routing key) and its response
 relayed as it comes. A request is tried again on another replica while nothing of its
 response has reached the client: when its replica dies first, or answers 503 (its engine
-is restarting); where every replica it tried answered 503 (all engines starting, as when
-one replica was replaced while another's engine restarts), it waits a little longer each
-time, for at most ``RETRY_FOR`` seconds. Once a stream has begun, a replica's death ends it
+is restarting, or its models are all busy); where every replica it tried answered that
+its engine is starting (as when one replica was replaced while another's engine
+restarts), it waits a little longer each time, for at most ``RETRY_FOR`` seconds. Once a stream has begun, a replica's death ends it
 with an error event."""
 
 from __future__ import annotations
@@ -47,6 +47,14 @@ class Replicas(Protocol):
 def unavailable(why: str) -> ApiError:
     return ApiError(503, f"no replica could serve the request: {why}", type="server_error",
                     code="engine_unavailable")  # fmt: skip
+
+
+def error_code(body: bytes | None) -> str | None:
+    """The ``error.code`` of an error response's body, if it holds one."""
+    try:
+        return str(json.loads(body or b"")["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def sse_error(err: ApiError) -> bytes:
@@ -115,15 +123,18 @@ def create_front(replicas: Replicas, on_ready: Callable[[], Awaitable[None]] | N
                 continue
             headers = {k: v for k, v in head["headers"] if k.lower() not in HOP_HEADERS}
             replica = headers.get("x-strata-replica")
-            if head["status"] == 503 and replica and time.monotonic() + wait < deadline:
-                await parts.aclose()  # type: ignore[attr-defined]
-                why = (chunk or b"").decode(errors="replace")
-                if replica in req["avoid"]:  # every replica was tried: give the engines time
-                    await asyncio.sleep(wait)
-                    wait = min(2 * wait, 1.0)
-                else:  # its engine is (re)starting: another replica first
-                    req["avoid"].append(replica)
-                continue
+            if head["status"] == 503 and replica:
+                fresh = replica not in req["avoid"]  # else every replica was tried
+                starting = error_code(chunk) == "engine_unavailable"
+                if fresh or (starting and time.monotonic() + wait < deadline):
+                    await parts.aclose()  # type: ignore[attr-defined]
+                    why = (chunk or b"").decode(errors="replace")
+                    if fresh:  # its engine is (re)starting, or its models busy: another replica
+                        req["avoid"].append(replica)
+                    else:  # every engine tried is starting: give them time
+                        await asyncio.sleep(wait)
+                        wait = min(2 * wait, 1.0)
+                    continue
             sse = headers.get("content-type", "").startswith("text/event-stream")
             return StreamingResponse(relay(parts, chunk, sse), status_code=head["status"], headers=headers)
         raise unavailable(why)
