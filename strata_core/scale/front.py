@@ -4,8 +4,8 @@ relayed as it comes. A request is tried again on another replica while nothing o
 response has reached the client: when its replica dies first, or answers 503 (its engine
 is restarting, or its models are all busy); where every replica it tried answered that
 its engine is starting (as when one replica was replaced while another's engine
-restarts), it waits a little longer each time, for at most ``RETRY_FOR`` seconds. Once a stream has begun, a replica's death ends it
-with an error event."""
+restarts), it waits a little longer each time, for at most ``RETRY_FOR`` seconds. Once a
+stream has begun, a replica's death ends it with an error event."""
 
 from __future__ import annotations
 
