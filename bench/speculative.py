@@ -26,8 +26,9 @@ engine writes one JSON line per scheduler step to DIR/<mode>.jsonl
 Before the first round every server serves --warmup waves of each workload and c, not
 counted: a batch shape's first steps pay for its set-up on a GPU (kernel choice, graph
 capture), and n-gram windows bring more shapes than plain steps. With --pin, the client
-(this process) keeps one core and its hyperthread siblings and every server the other
-cores, so no server's engine shares a core with the client more than another's does.
+(this process) keeps one core and its hyperthread siblings and each server (with its
+engine) its own share of the other cores, dealt out in turn, so no two processes compete
+for a core and none shares one with the client.
 """
 
 from __future__ import annotations
@@ -119,15 +120,25 @@ def siblings(cpu: int) -> set[int]:
     return out
 
 
-def pin_client() -> set[int] | None:
-    """Split this process's CPUs: the servers started after this get all but one core's
-    (inherited), and this process, the client, that core; None where too few to split."""
-    cpus = os.sched_getaffinity(0)
-    client = siblings(min(cpus)) & cpus
-    if len(cpus - client) < 2:
+def cores(cpus: set[int]) -> list[set[int]]:
+    """``cpus`` grouped by physical core (hyperthread siblings together), lowest first."""
+    out: list[set[int]] = []
+    for cpu in sorted(cpus):
+        if not any(cpu in core for core in out):
+            out.append(siblings(cpu) & cpus)
+    return out
+
+
+def placement(n: int) -> tuple[set[int], list[set[int]]] | None:
+    """With ``n`` servers: the client's CPUs (one core and its siblings) and each server's
+    (as many of the other cores as every other server gets, dealt out in turn, none shared
+    by two; a remainder stays idle); None where there are too few cores to give each one."""
+    groups = cores(os.sched_getaffinity(0))
+    share = (len(groups) - 1) // n
+    if share < 1:
         return None
-    os.sched_setaffinity(0, cpus - client)
-    return client
+    client, rest = groups[0], groups[1:]
+    return client, [set().union(*rest[i::n][:share]) for i in range(n)]
 
 
 def main() -> None:
@@ -152,7 +163,7 @@ def main() -> None:
                     help="a second speculation-off server, off-b, whose ratio to off is the bench's own noise")
     ap.add_argument("--trace", type=Path, help="a folder for each engine's per-step trace")
     ap.add_argument("--warmup", type=int, default=1, help="uncounted waves of each cell per server before round 0")
-    ap.add_argument("--pin", action="store_true", help="the client on one core, the servers on the others")
+    ap.add_argument("--pin", action="store_true", help="the client on one core, each server on its own share of the others")
     a = ap.parse_args()
     # (name, mode, k): one server each; "off" first, as the others' baseline
     specs = [("off", "off", a.k[0])]
@@ -164,7 +175,8 @@ def main() -> None:
     modes = [name for name, _, _ in specs]
     extra = {"temperature": a.temperature} if a.temperature else None
     table: dict[tuple[str, str, int], list[Result]] = {}
-    client = pin_client() if a.pin else None
+    placed = placement(len(specs)) if a.pin else None
+    everything = os.sched_getaffinity(0)
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         draft = a.draft_model
         if "draft" in a.modes and not draft:
@@ -174,7 +186,7 @@ def main() -> None:
             draft = str(Path(tmp) / "draft.gguf")
             write_truncated(resolve_model(a.model).path, Path(draft), a.draft_layers)
         servers: dict[str, Server] = {}
-        for name, mode, k in specs:
+        for i, (name, mode, k) in enumerate(specs):
             cfg = Path(tmp) / f"{name.replace('/', '-')}.toml"
             text = f'[speculative]\nmode = "{mode}"\nk = {k}\n'
             if mode == "draft":
@@ -186,10 +198,16 @@ def main() -> None:
             if a.trace:
                 a.trace.mkdir(parents=True, exist_ok=True)
                 env = {"STRATA_STEP_TRACE": str(a.trace / f"{name.replace('/', '-')}.jsonl")}
+            if placed is not None:  # the server and its engine inherit these CPUs
+                os.sched_setaffinity(0, placed[1][i])
             servers[name] = stack.enter_context(Server(args, cfg.with_suffix(".log"), env))
-        if client is not None:
-            os.sched_setaffinity(0, client)
-            print(f"client on CPUs {sorted(client)}, servers on the others", flush=True)
+            os.sched_setaffinity(0, everything)
+        if placed is not None:
+            os.sched_setaffinity(0, placed[0])
+            print(f"client on CPUs {sorted(placed[0])}; "
+                  + ", ".join(f"{n} on {sorted(c)}" for n, c in zip(modes, placed[1], strict=True)), flush=True)
+        elif a.pin:
+            print("--pin: too few cores to give the client and every server their own; not pinned", flush=True)
 
         def load(mode: str, name: str, c: int, n: int, first: int) -> Result:
             try:
