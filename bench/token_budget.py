@@ -11,6 +11,9 @@ between tokens (ITL) and the CPU each process spent per token:
 2. ``engine``: the engine process over its protocol, this process reading its stdout.
 3. ``strata``: ``strata serve`` over HTTP (SSE), this process the client.
 4. ``llama-server`` beside it, same model, slots, threads and flash attention.
+5. ``floor``: the least a Python server does for a streamed token, for scale beside 3's
+   server CPU: a bare ASGI app (``floor_app``) under uvicorn that reads one line a token
+   from a child process's pipe, at the engine's pace, and sends one chat chunk for it.
 
 The differences between the layers are what each adds: 2 - 1 the protocol and pipes, 3 - 2
 the server (reader, SSE, HTTP) and its contention with the engine's threads for cores.
@@ -32,6 +35,31 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 PROMPT = "Write a story about a lighthouse keeper who finds a message in a bottle."
+
+
+async def floor_app(scope: dict, receive: object, send: object) -> None:
+    """Layer 5: one SSE chat chunk for each line a child writes every FLOOR_ITL seconds."""
+    import asyncio
+    import json
+
+    assert callable(send)
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+    if scope["path"] == "/health":
+        await send({"type": "http.response.body", "body": b"ok"})
+        return
+    n, itl = int(os.environ["FLOOR_TOKENS"]), float(os.environ["FLOOR_ITL"])
+    child = f"import sys, time\nfor i in range({n}):\n    time.sleep({itl}); print('T r', i, flush=True)\n"
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", child, stdout=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None
+    while line := await proc.stdout.readline():
+        delta = {"content": f" w{line.split()[-1].decode()}"}
+        chunk = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m", "system_fingerprint": None,
+                 "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}  # fmt: skip
+        await send({"type": "http.response.body", "body": f"data: {json.dumps(chunk)}\n\n".encode(), "more_body": True})
+    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+    await proc.wait()
 
 
 def cpu_secs(pid: int) -> float:
@@ -185,6 +213,22 @@ for r in range({a.rounds}):
         finally:
             peer.terminate()
             peer.wait(30)
+
+        port = free_port()
+        fenv = {**os.environ, "FLOOR_TOKENS": str(a.tokens), "FLOOR_ITL": str(rows["engine: ITL"] / 1e3)}
+        floor = subprocess.Popen([sys.executable, "-m", "uvicorn", "bench.token_budget:floor_app", "--port", str(port),
+                                  "--log-level", "warning"], cwd=Path(__file__).resolve().parents[1], env=fenv)  # fmt: skip
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_health(base, floor)
+            per = []
+            for _ in range(a.rounds):
+                _, n, secs = stream_http(base, a.tokens, [floor.pid])
+                per.append(secs[0] / max(n, 1))
+            rows["floor: CPU per token (server)"] = statistics.median(per) * 1e3
+        finally:
+            floor.terminate()
+            floor.wait(30)
 
     print(f"median over {a.rounds} rounds of {a.tokens} tokens, {threads} threads, backend {backend.name}")
     for name, ms in rows.items():
