@@ -37,8 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 PROMPT = "Write a story about a lighthouse keeper who finds a message in a bottle."
 
 
+_floor_child: list = []  # floor_app's line writer, started by its first request
+
+
 async def floor_app(scope: dict, receive: object, send: object) -> None:
-    """Layer 5: one SSE chat chunk for each line a child writes every FLOOR_ITL seconds."""
+    """Layer 5: one SSE chat chunk for each line a child process writes every FLOOR_ITL
+    seconds (the child is started once, as an engine is, and writes n lines when asked)."""
     import asyncio
     import json
 
@@ -49,17 +53,22 @@ async def floor_app(scope: dict, receive: object, send: object) -> None:
     if scope["path"] == "/health":
         await send({"type": "http.response.body", "body": b"ok"})
         return
-    n, itl = int(os.environ["FLOOR_TOKENS"]), float(os.environ["FLOOR_ITL"])
-    child = f"import sys, time\nfor i in range({n}):\n    time.sleep({itl}); print('T r', i, flush=True)\n"
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", child, stdout=asyncio.subprocess.PIPE)
-    assert proc.stdout is not None
-    while line := await proc.stdout.readline():
+    if not _floor_child:
+        child = (f"import sys, time\nfor n in sys.stdin:\n    for i in range(int(n)):\n"
+                 f"        time.sleep({float(os.environ['FLOOR_ITL'])}); print('T r', i, flush=True)\n")  # fmt: skip
+        _floor_child.append(await asyncio.create_subprocess_exec(
+            sys.executable, "-c", child, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE))  # fmt: skip
+    proc = _floor_child[0]
+    assert proc.stdin is not None and proc.stdout is not None
+    n = int(os.environ["FLOOR_TOKENS"])
+    proc.stdin.write(f"{n}\n".encode())
+    for _ in range(n):
+        line = await proc.stdout.readline()
         delta = {"content": f" w{line.split()[-1].decode()}"}
         chunk = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m", "system_fingerprint": None,
                  "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}  # fmt: skip
         await send({"type": "http.response.body", "body": f"data: {json.dumps(chunk)}\n\n".encode(), "more_body": True})
     await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
-    await proc.wait()
 
 
 def cpu_secs(pid: int) -> float:
