@@ -129,11 +129,12 @@ def cores(cpus: set[int]) -> list[set[int]]:
     return out
 
 
-def placement(n: int) -> tuple[set[int], list[set[int]]] | None:
-    """With ``n`` servers: the client's CPUs (one core and its siblings) and each server's
-    (as many of the other cores as every other server gets, dealt out in turn, none shared
-    by two; a remainder stays idle); None where there are too few cores to give each one."""
-    groups = cores(os.sched_getaffinity(0))
+def placement(cpus: set[int], n: int) -> tuple[set[int], list[set[int]]] | None:
+    """With ``n`` servers: the client's share of ``cpus`` (one core and its siblings) and
+    each server's (as many of the other cores as every other server gets, dealt out in
+    turn, none shared by two; a remainder stays idle); None where there are too few cores
+    to give each one."""
+    groups = cores(cpus)
     share = (len(groups) - 1) // n
     if share < 1:
         return None
@@ -175,8 +176,8 @@ def main() -> None:
     modes = [name for name, _, _ in specs]
     extra = {"temperature": a.temperature} if a.temperature else None
     table: dict[tuple[str, str, int], list[Result]] = {}
-    placed = placement(len(specs)) if a.pin else None
     everything = os.sched_getaffinity(0)
+    placed = placement(everything, len(specs)) if a.pin else None
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         draft = a.draft_model
         if "draft" in a.modes and not draft:

@@ -230,11 +230,7 @@ for r in range({a.rounds}):
         try:
             base = f"http://127.0.0.1:{port}"
             wait_health(base, floor)
-            per = []
-            for _ in range(a.rounds):
-                _, n, secs = stream_http(base, a.tokens, [floor.pid])
-                per.append(secs[0] / max(n, 1))
-            rows["floor: CPU per token (server)"] = statistics.median(per) * 1e3
+            http("floor", base, [floor.pid])
         finally:
             floor.terminate()
             floor.wait(30)
