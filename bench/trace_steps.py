@@ -7,9 +7,10 @@ windowed in one micro-batch, windowed in several; and steps right after a change
 batch's shape apart from steady ones. For each group: steps, rows and micro-batches per
 step, tokens emitted per step, and the median milliseconds of the whole step (to the next
 one), of the ``llama_decode`` call, of waiting for the device, of sampling and
-verifying the rows and of the rest (admitting requests, prefill, drafting), and the
-mean of the rest (drafting runs in few steps, which a median passes over, and a mean
-is what it costs the stream); then tokens per second over the group. bench/spec_host.py prints its steps with ``summarise``.
+verifying the rows and of the rest (admitting requests, prefill, drafting), and the mean
+of the rest (drafting runs in few steps, which a median passes over, and the mean is what
+it costs the stream); then tokens per second over the group. bench/spec_host.py prints
+its steps with ``summarise``.
 """
 
 from __future__ import annotations
