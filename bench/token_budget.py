@@ -188,7 +188,9 @@ for r in range({a.rounds}):
     rows["engine: ITL"] = med_ms(gaps)
     rows["engine: CPU per token"] = statistics.median(cpu) * 1e3
 
-    # 3. strata serve; 4. llama-server
+    # 3. strata serve; 4. llama-server; 5. the floor
+    from bench.serving import wait_health
+
     def http(name: str, base: str, pids: list[int]) -> None:
         stream_http(base, 8, pids)  # warm-up
         itl: list[float] = []
@@ -201,13 +203,22 @@ for r in range({a.rounds}):
         for i, label in enumerate(["server", "engine"][: len(pids)]):
             rows[f"{name}: CPU per token ({label})"] = statistics.median(p[i] for p in per) * 1e3
 
+    def measure(name: str, port: int, proc: subprocess.Popen[bytes]) -> None:
+        """``http`` on a server process started on ``port``, stopped afterwards."""
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_health(base, proc)
+            http(name, base, [proc.pid])
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
     with tempfile.TemporaryDirectory() as tmp:
         args = ["--backend", backend.name, "--model", model, "--parallel", "1", "--n-ctx", "2048"]
         with Server(args, Path(tmp) / "strata.log", {"STRATA_ENGINE_THREADS": str(threads)}) as srv:
             children = subprocess.run(["pgrep", "-P", str(srv.proc.pid)], capture_output=True, text=True).stdout.split()
             http("strata", srv.base, [srv.proc.pid, int(children[0])])
         from bench.peers import llama_server
-        from bench.serving import wait_health
 
         port = free_port()
         binary = a.llama_server or str(llama_server(backend.name))
@@ -215,25 +226,13 @@ for r in range({a.rounds}):
                                  "--port", str(port), "--no-webui", "-ngl", "99" if d.n_gpu_layers else "0",
                                  "-fa", "on" if d.flash_attn else "off"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        try:
-            base = f"http://127.0.0.1:{port}"
-            wait_health(base, peer)
-            http("llama-server", base, [peer.pid])
-        finally:
-            peer.terminate()
-            peer.wait(30)
+        measure("llama-server", port, peer)
 
         port = free_port()
         fenv = {**os.environ, "FLOOR_TOKENS": str(a.tokens), "FLOOR_ITL": str(rows["engine: ITL"] / 1e3)}
         floor = subprocess.Popen([sys.executable, "-m", "uvicorn", "bench.token_budget:floor_app", "--port", str(port),
                                   "--log-level", "warning"], cwd=Path(__file__).resolve().parents[1], env=fenv)  # fmt: skip
-        try:
-            base = f"http://127.0.0.1:{port}"
-            wait_health(base, floor)
-            http("floor", base, [floor.pid])
-        finally:
-            floor.terminate()
-            floor.wait(30)
+        measure("floor", port, floor)
 
     print(f"median over {a.rounds} rounds of {a.tokens} tokens, {threads} threads, backend {backend.name}")
     for name, ms in rows.items():
