@@ -122,180 +122,93 @@ def stdin_reader(q: queue.Queue[Any], answer_now: Callable[[Any], bool]) -> None
     q.put(proto.Quit())
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack to stderr
+def load(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The model (and the draft model, if any), warmed up; raises why it cannot start."""
     # Imported here so --help works without a native build on the path.
     # llama.py first: libllama's native libraries must load before numpy's. The other
     # order made model loading segfault with CUDA 13 and numpy 2.5 on an H200.
     from strata_core.engine.llama import Llama, ModelOptions  # isort: skip
     from strata_core.config import check_split, split_settings
-    from strata_core.engine.drafter import DraftModel, check_shared_vocab
-    from strata_core.engine.grammar import Grammars
-    from strata_core.engine.scheduler import Request, Scheduler
-    from strata_core.options import GenOptions
+    from strata_core.engine.speculation.drafter import DraftModel, check_shared_vocab
 
+    flash_attn = {"on": True, "off": False}.get(args.flash_attn)
+    # The configuration's own rules, for an engine started by any client.
+    split = split_settings(args.split_mode, args.tensor_split, args.main_gpu)
+    check_split(split.split_mode, flash_attn, args.n_gpu_layers)
+    opts = ModelOptions(
+        path=args.model, n_ctx=args.n_ctx, n_seq=args.parallel, n_batch=args.n_batch, threads=args.threads,
+        n_gpu_layers=args.n_gpu_layers, flash_attn=flash_attn, split_mode=split.split_mode,
+        tensor_split=tuple(split.tensor_split or ()), main_gpu=split.main_gpu,
+    )  # fmt: skip
+    llama, drafter = Llama(opts), None
+    if args.draft_model:
+        draft = Llama(dataclasses.replace(opts, path=args.draft_model))
+        check_shared_vocab(llama, draft, args.draft_model)
+        draft.warm_up()
+        drafter = DraftModel(draft, args.spec_threshold)
+    llama.warm_up()
+    return llama, drafter
+
+
+def ready(args: argparse.Namespace, llama: Any, drafter: Any) -> proto.Ready:
+    import llama_cpp
+
+    return proto.Ready(
+        {
+            "protocol": proto.PROTOCOL_VERSION,
+            "engine": "strata",
+            "llama_cpp_python": llama_cpp.__version__,
+            "backend": args.backend,
+            "pid": os.getpid(),
+            "slots": args.parallel,
+            "n_batch": llama.n_batch,
+            "split": llama.split,
+            "capabilities": CAPABILITIES + (["spec_draft"] if drafter else [])
+            + (["embeddings"] if llama.pooling != "rank" else []),
+            **llama.facts(),
+        }
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack to stderr
     out = Output()
-    drafter = None
     try:
-        flash_attn = {"on": True, "off": False}.get(args.flash_attn)
-        # The configuration's own rules, for an engine started by any client.
-        split = split_settings(args.split_mode, args.tensor_split, args.main_gpu)
-        check_split(split.split_mode, flash_attn, args.n_gpu_layers)
-        opts = ModelOptions(
-            path=args.model,
-            n_ctx=args.n_ctx,
-            n_seq=args.parallel,
-            n_batch=args.n_batch,
-            threads=args.threads,
-            n_gpu_layers=args.n_gpu_layers,
-            flash_attn=flash_attn,
-            split_mode=split.split_mode,
-            tensor_split=tuple(split.tensor_split or ()),
-            main_gpu=split.main_gpu,
-        )
-        llama = Llama(opts)
-        if args.draft_model:
-            draft = Llama(dataclasses.replace(opts, path=args.draft_model))
-            check_shared_vocab(llama, draft, args.draft_model)
-            draft.warm_up()
-            drafter = DraftModel(draft, args.spec_threshold)
-        llama.warm_up()
+        llama, drafter = load(args)
     except Exception as exc:
         out.emit(proto.Error(None, f"engine failed to start: {exc}"))
         out.flush()
         return 1
-    import llama_cpp
-    import numpy as np
+    from strata_core.engine.commands import Commands
+    from strata_core.engine.loop import Engine
 
-    facts = llama.facts()
-    eog = frozenset(facts["eog"])
-    out.emit(
-        proto.Ready(
-            {
-                "protocol": proto.PROTOCOL_VERSION,
-                "engine": "strata",
-                "llama_cpp_python": llama_cpp.__version__,
-                "backend": args.backend,
-                "pid": os.getpid(),
-                "slots": args.parallel,
-                "n_batch": llama.n_batch,
-                "split": llama.split,
-                "capabilities": CAPABILITIES + (["spec_draft"] if drafter else [])
-                + (["embeddings"] if llama.pooling != "rank" else []),
-                **facts,
-            }
-        )
-    )
+    out.emit(ready(args, llama, drafter))
     out.flush()
-    sched = Scheduler(
+    engine = Engine(
         llama, out.emit, drafter, adaptive=not args.spec_fixed, saved_bytes=args.prompt_cache_mib << 20,
         shape_costs=llama.on_gpu, trace=step_trace(os.environ.get(TRACE_ENV)),
     )  # fmt: skip
-    grammars = Grammars(lambda: llama.grammar_tokenizer(sorted(eog)), llama.n_vocab)
-    warned: set[str] = set()
-
-    def start(cmd: proto.Gen) -> None:
-        def fail(msg: str) -> None:
-            out.emit(proto.Error(cmd.rid, msg))
-            out.emit(proto.Done(cmd.rid, "error", {}))
-
-        for key in GenOptions.unknown(cmd.keys):
-            if key not in warned:
-                warned.add(key)
-                out.emit(proto.Warn(cmd.rid, f"unknown key {key}"))
-        prompt = list(cmd.prompt)
-        if not prompt:
-            return fail("empty prompt")
-        if len(prompt) >= llama.n_ctx:
-            return fail(f"prompt has {len(prompt)} tokens; the context holds {llama.n_ctx}")
-        bad = [t for t in prompt if t >= llama.n_vocab]
-        if bad:
-            return fail(f"prompt token {bad[0]} is outside the vocabulary (n_vocab {llama.n_vocab})")
-        try:
-            opts = GenOptions.decode(cmd.keys)
-            opts.check(llama.n_vocab)
-            if opts.spec == "draft" and drafter is None:
-                raise ValueError("spec=draft needs a draft model: start the engine with --draft-model PATH")
-            grammar = grammars.matcher(opts.grammar) if opts.grammar is not None else None
-        except ValueError as exc:
-            return fail(str(exc))
-        sched.submit(
-            Request(cmd.rid, prompt, opts.sampling, opts.max_tokens or llama.n_ctx, frozenset(opts.stop_ids) | eog,
-                    opts.logprobs, logprobs_processed=opts.logprobs_mode == "processed", grammar=grammar,
-                    spec_k=args.spec_k if opts.spec != "off" else 0, spec_draft=opts.spec == "draft",
-                    isolate=opts.isolate)
-        )  # fmt: skip
-
-    def embed(cmd: proto.Embed) -> None:
-        """One input's embedding, between two scheduler steps (on the main thread, the only
-        one that decodes: the embeddings context shares the model and the cores)."""
-        bad = [t for t in cmd.ids if t >= llama.n_vocab]
-        if bad:
-            out.emit(proto.Error(cmd.rid, f"token {bad[0]} is outside the vocabulary (n_vocab {llama.n_vocab})"))
-            return
-        try:
-            vector = llama.embed(list(cmd.ids))
-        except Exception as exc:  # an input too long, no memory for the context: this request's error
-            out.emit(proto.Error(cmd.rid, f"embedding failed: {exc}"))
-            return
-        if not np.isfinite(vector).all():
-            out.emit(proto.Error(cmd.rid, "the model's embedding is not finite"))
-            return
-        out.emit(proto.Embedding(cmd.rid, tuple(vector.tolist())))
-
-    def handle(cmd: Any) -> bool:
-        """Apply one command; False once QUIT was seen."""
-        if isinstance(cmd, proto.ProtocolError):
-            out.emit(proto.Error(None, str(cmd)))
-        elif isinstance(cmd, proto.Gen):
-            start(cmd)
-        elif isinstance(cmd, proto.Cancel):
-            sched.cancel(cmd.rid)
-        elif isinstance(cmd, proto.Embed):
-            embed(cmd)
-        elif isinstance(cmd, proto.VocabRequest):
-            pieces = tuple(llama.piece(t) for t in range(llama.n_vocab))
-            out.emit(proto.Vocab(cmd.rid, pieces))
-        elif isinstance(cmd, proto.Quit):
-            return False
-        return True
-
+    commands = Commands(llama, engine, out.emit, args.spec_k, drafter is not None)
     q: queue.Queue[Any] = queue.Queue()
-    def answer_now(cmd: Any) -> bool:
-        """TOKENIZE is answered by the reader thread at once, even while a step decodes:
-        it reads only the vocabulary, and a new request's prompt must not wait behind the
-        prefill of the one before it."""
-        if not isinstance(cmd, proto.Tokenize):
-            return False
-        ids = llama.tokenize(cmd.text.encode("utf-8"), False, cmd.special)
-        out.write_now(proto.Tokens(cmd.rid, tuple(ids)))
-        return True
-
-    threading.Thread(target=stdin_reader, args=(q, answer_now), daemon=True).start()
+    threading.Thread(target=stdin_reader, args=(q, commands.answer_now(out.write_now)), daemon=True).start()
     running = True
-    while running or sched.busy:
+    while running or engine.busy:
         try:
             # Block only when there is nothing to decode; till a command comes, save the
             # free slots' caches one at a time, off the path of the requests to come.
-            while not sched.busy and q.empty() and sched.save_idle():
+            while not engine.busy and q.empty() and engine.save_idle():
                 pass
-            cmd = q.get(block=not sched.busy)
-            running = handle(cmd) and running
+            running = commands.handle(q.get(block=not engine.busy)) and running
             while True:
-                running = handle(q.get_nowait()) and running
+                running = commands.handle(q.get_nowait()) and running
         except queue.Empty:
             pass
         try:
-            sched.step()
+            engine.step()
         except Exception as exc:  # a failed decode ends the requests in it, not the engine
             traceback.print_exc()  # to the engine's log: why every request in flight failed
-            for slot in sched.slots:
-                if slot.req is not None:
-                    out.emit(proto.Error(slot.req.rid, f"decode failed: {exc}"))
-                    sched._finish(slot, "error")
-                slot.cached = []
-                llama.seq_trim(slot.seq, 0)
+            engine.fail_all(f"decode failed: {exc}")
         out.flush()
     out.flush()
     return 0

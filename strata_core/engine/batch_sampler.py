@@ -39,18 +39,21 @@ class Sampled(NamedTuple):
     errors: dict[int, str]  # row -> why no token could be sampled (the request's error)
 
 
-def sample_rows(logits: np.ndarray, rows: Sequence[Row]) -> Sampled:
-    """A token for each row of ``logits`` (n x n_vocab float32), as sampler.sample picks it."""
+def sample_rows(logits: np.ndarray, rows: Sequence[Row | None]) -> Sampled:
+    """A token for each row of ``logits`` (n x n_vocab float32), as sampler.sample picks it;
+    a row given as None is not sampled (its token is -1)."""
     n = len(rows)
     tokens = np.full(n, -1, np.int64)
     errors: dict[int, str] = {}
-    plain = np.fromiter((r.params.plain and r.mask is None for r in rows), bool, n)
-    if plain.any():  # the default request: one argmax over the raw rows
-        picks = np.argmax(logits, axis=1) if plain.all() else np.argmax(logits[plain], axis=1)
-        tokens[plain] = picks
-    rest = np.flatnonzero(~plain)
+    plain = np.fromiter((r is not None and r.params.plain and r.mask is None for r in rows), bool, n)
+    count = int(plain.sum())
+    if 2 * count >= n and count:  # the default request: one argmax over the raw rows
+        tokens[plain] = np.argmax(logits, axis=1)[plain]
+    elif count:  # few: a copy of their rows costs less than an argmax over all
+        tokens[plain] = np.argmax(logits[plain], axis=1)
+    rest = np.fromiter((i for i, r in enumerate(rows) if r is not None and not plain[i]), np.intp)
     if rest.size:
-        _adjusted_rows(logits, [rows[i] for i in rest], rest, tokens, errors)
+        _adjusted_rows(logits, [r for i in rest if (r := rows[i]) is not None], rest, tokens, errors)
     return Sampled(tokens, errors)
 
 
