@@ -84,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m strata_core.engine")
     ap.add_argument("--model", required=True)
     ap.add_argument("--n-ctx", type=int, default=eng.n_ctx, help="context per slot")
-    ap.add_argument("--parallel", type=int, default=eng.parallel)
+    ap.add_argument("--parallel", type=_slots, default=eng.parallel, help='slots, or "auto": as many as the GPU holds')
     ap.add_argument("--n-batch", type=int, default=eng.n_batch)
     ap.add_argument("--threads", type=int, default=eng.threads)
     ap.add_argument("--n-gpu-layers", type=int, default=0)
@@ -101,6 +101,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--draft-model", help="a GGUF sharing the model's vocabulary, for spec=draft")
     ap.add_argument("--spec-threshold", type=float, default=spec.threshold, help="the draft model's confidence gate")
     return ap.parse_args(argv)
+
+
+def _slots(text: str) -> int | str:
+    from strata_core.config import check_parallel
+
+    try:
+        return check_parallel(text)  # type: ignore[no-any-return]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _proportions(text: str) -> list[float]:
@@ -127,10 +136,12 @@ def load(args: argparse.Namespace) -> tuple[Any, Any]:
     # Imported here so --help works without a native build on the path.
     # llama.py first: libllama's native libraries must load before numpy's. The other
     # order made model loading segfault with CUDA 13 and numpy 2.5 on an H200.
-    from strata_core.engine.llama import Llama, ModelOptions  # isort: skip
+    from strata_core.engine.llama import Llama, ModelOptions, ll  # isort: skip
     from strata_core.config import check_split, split_settings
     from strata_core.engine.speculation.drafter import DraftModel, check_shared_vocab
 
+    if args.parallel == "auto":
+        fit_parallel(args, ll)
     flash_attn = {"on": True, "off": False}.get(args.flash_attn)
     # The configuration's own rules, for an engine started by any client.
     split = split_settings(args.split_mode, args.tensor_split, args.main_gpu)
@@ -150,6 +161,22 @@ def load(args: argparse.Namespace) -> tuple[Any, Any]:
     return llama, drafter
 
 
+def fit_parallel(args: argparse.Namespace, ll: Any) -> None:
+    """``--parallel auto``: the slots (and context per slot) the GPU's free memory holds
+    (engine/fit.py), or CPU_PARALLEL without a GPU; said on stderr and in READY."""
+    from strata_core.config import CPU_PARALLEL
+    from strata_core.engine.fit import auto_slots, device_free_memory
+
+    ll.llama_backend_init()
+    gpu = args.n_gpu_layers != 0 and bool(ll.llama_supports_gpu_offload())
+    free = device_free_memory(os.path.dirname(ll._lib._name)) if gpu else None
+    extra = os.path.getsize(args.draft_model) if args.draft_model else 0
+    fit = auto_slots(args.model, args.n_ctx, min(args.n_batch, 512), free, extra)
+    args.parallel, args.n_ctx = (fit.slots, fit.n_ctx) if fit else (CPU_PARALLEL, args.n_ctx)
+    args.fit = fit.describe() if fit else f"parallel auto: {CPU_PARALLEL} slots (no GPU)"
+    print(args.fit, file=sys.stderr)
+
+
 def ready(args: argparse.Namespace, llama: Any, drafter: Any) -> proto.Ready:
     import llama_cpp
 
@@ -161,6 +188,7 @@ def ready(args: argparse.Namespace, llama: Any, drafter: Any) -> proto.Ready:
             "backend": args.backend,
             "pid": os.getpid(),
             "slots": args.parallel,
+            **({"parallel_fit": args.fit} if getattr(args, "fit", None) else {}),
             "n_batch": llama.n_batch,
             "split": llama.split,
             "capabilities": CAPABILITIES + (["spec_draft"] if drafter else [])
