@@ -34,6 +34,10 @@ class Row(NamedTuple):
     mask: npt.NDArray[np.bool_] | None = None  # True = permitted (a grammar's)
 
 
+#: Any plain row (greedy over the raw logits, no mask): its token needs nothing else.
+PLAIN = Row(SamplingParams(), (), 0)
+
+
 class Sampled(NamedTuple):
     tokens: npt.NDArray[np.int64]  # -1 where the row failed
     errors: dict[int, str]  # row -> why no token could be sampled (the request's error)
@@ -45,7 +49,7 @@ def sample_rows(logits: np.ndarray, rows: Sequence[Row | None]) -> Sampled:
     n = len(rows)
     tokens = np.full(n, -1, np.int64)
     errors: dict[int, str] = {}
-    plain = np.fromiter((r is not None and r.params.plain and r.mask is None for r in rows), bool, n)
+    plain = np.array([r is PLAIN or (r is not None and r.mask is None and r.params.plain) for r in rows], bool)
     count = int(plain.sum())
     if 2 * count >= n and count:  # the default request: one argmax over the raw rows
         tokens[plain] = np.argmax(logits, axis=1)[plain]

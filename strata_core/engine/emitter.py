@@ -26,6 +26,7 @@ class Emitter:
         self.emit = emit
         self.observe = observe  # every emitted token, for speculation to learn from
         self.emitted = 0  # tokens emitted so far (the step trace counts them)
+        self._eog: dict[int, bool] = {}  # llama.is_eog by token, asked once each
 
     def done(self, req: Request, reason: str) -> None:
         now = time.perf_counter()
@@ -74,7 +75,10 @@ class Emitter:
                 del slot.first[next(iter(slot.first))]
         if not req.t_first:
             req.t_first = time.perf_counter()
-        if tok in req.stop_ids or self.llama.is_eog(tok):
+        eog = self._eog.get(tok)
+        if eog is None:
+            eog = self._eog[tok] = self.llama.is_eog(tok)
+        if eog or tok in req.stop_ids:
             self.finish(slot, "stop")
             return None
         if req.grammar is not None and not req.grammar.consume(tok):

@@ -100,6 +100,14 @@ class Batch:
         self.n = i + k
         return i
 
+    def fill(self, token: list[int], pos: list[int], seq: list[int], logits: list[int]) -> None:
+        """Set the whole batch from one list per field (a step's many short rows at once)."""
+        n = len(token)
+        if n > self.capacity:
+            raise LlamaError(f"batch overflow: {n} > {self.capacity}")
+        self.token[:n], self.pos[:n], self.seq[:n], self.logits[:n] = token, pos, seq, logits
+        self.n = n
+
     def add_one(self, token: int, pos: int, seq: int) -> int:
         i = self.n
         self.token[i] = token

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from strata_core import protocol as proto
-from strata_core.engine.batch_sampler import Row, Sampled, sample_rows
+from strata_core.engine.batch_sampler import PLAIN, Row, Sampled, sample_rows
 from strata_core.engine.emitter import Emit, Emitter
 from strata_core.engine.llama import Llama
 from strata_core.engine.request import Request, Slot
@@ -147,10 +147,13 @@ class Engine:
         taken as kept (the row is only reached if they are)."""
         req = slot.req
         assert req is not None
-        params, ahead = req.params, ahead or []
-        last_n = params.penalty_last_n
-        history = (slot.cached + ahead)[-last_n:] if last_n and params.penalised else ()
-        return Row(params, history, len(slot.cached) + len(ahead), 0, mask)
+        if req.plain:
+            return PLAIN
+        params, n = req.params, len(slot.cached)
+        if not params.penalised:
+            return Row(params, (), n + len(ahead or ()), 0, mask)
+        history = (slot.cached + (ahead or []))[-params.penalty_last_n :]
+        return Row(params, history, n + len(ahead or ()), 0, mask)
 
     def emit_row(self, slot: Slot, row: np.ndarray, out: Sampled, i: int, mask: np.ndarray | None) -> int | None:
         if i in out.errors:  # nothing permitted: this request's problem, not the batch's
@@ -211,28 +214,32 @@ class Engine:
         order, speculation judging each window. A window under a grammar (whose mask at a
         row follows the tokens kept before it) or from the draft model samples row by row."""
         rows: list[Row | None] = [None] * len(logits)
-        masks: dict[int, np.ndarray | None] = {}
-        alive: list[Slot] = []
+        plan: list[tuple[Slot, Proposal | None, np.ndarray | None, bool]] = []  # slot, window, mask, sampled now
         for slot in group:
-            assert slot.last is not None
+            req = slot.req
+            assert req is not None and slot.last is not None
             slot.cached.append(slot.last)
-            prop = drafts.get(slot.seq, Proposal())
-            alive.append(slot)
-            if prop.q_rows is not None or (prop.tokens and slot.req is not None and slot.req.grammar is not None):
-                continue  # sampled row by row (Stepwise)
-            ok, mask = self.emitter.mask(slot)
-            if not ok:
-                alive.pop()
+            prop = drafts.get(slot.seq)
+            if prop is not None and (prop.q_rows is not None or req.grammar is not None):
+                plan.append((slot, prop, None, False))
                 continue
-            masks[slot.seq] = mask
+            mask = None
+            if req.grammar is not None:
+                ok, mask = self.emitter.mask(slot)
+                if not ok:
+                    continue
+            plan.append((slot, prop, mask, True))
             at = first[slot.seq]
-            for j in range(len(prop.tokens) + 1):
-                rows[at + j] = self._row(slot, mask if j == 0 else None, prop.tokens[:j])
+            rows[at] = self._row(slot, mask)
+            for j in range(1, len(prop.tokens) + 1 if prop is not None else 1):
+                rows[at + j] = self._row(slot, None, prop.tokens[:j])  # type: ignore[union-attr]
         out = sample_rows(logits, rows)
-        for slot in alive:
-            prop, at = drafts.get(slot.seq, Proposal()), first[slot.seq]
-            if slot.seq in masks:
-                self.spec.judge(slot, prop, Presampled(self, slot, logits, at, out, masks[slot.seq]))
+        for slot, prop, mask, sampled in plan:
+            at = first[slot.seq]
+            if prop is None:  # no window: the row's token, as judging it would emit
+                self.emit_row(slot, logits[at], out, at, mask)
+            elif sampled:
+                self.spec.judge(slot, prop, Presampled(self, slot, logits, at, out, mask))
             else:
                 self.spec.judge(slot, prop, Stepwise(self, slot, logits, at))
 

@@ -38,6 +38,10 @@ class Request:
     ngrams: NgramIndex | None = None  # n-gram speculation: the prompt and emitted tokens
     t_arrive: float = field(default_factory=time.perf_counter)
     t_first: float = 0.0
+    plain: bool = field(init=False)  # greedy over the raw row, no grammar: an argmax
+
+    def __post_init__(self) -> None:
+        self.plain = self.params.plain and self.grammar is None
 
 
 @dataclass

@@ -77,26 +77,30 @@ class Runner:
         rows: padding that keeps the batch one micro-batch, computed then dropped). On a
         GPU it returns while the device computes; ``logits`` waits for it."""
         batch = self.batch
-        batch.clear()
         first: dict[int, int] = {}
         layout: list[tuple[int, int]] = []  # (sequence, rows) in batch order
+        token: list[int] = []
+        pos: list[int] = []
+        seqs: list[int] = []
+        logits: list[int] = []
         outputs = 0
-        entries = [(r.seq, r) for r in rows] + [(seq, None) for seq in fill]
-        for seq, r in sorted(entries, key=lambda e: e[0]):  # consecutive sequences go together
-            if r is None:
-                token, pos, n = fill[seq]
-                batch.add([token] * n, pos, seq, "none")
-                layout.append((seq, n))
-                continue
-            batch.add(r.tokens, r.pos0, seq, "all")
-            first[seq] = outputs
-            outputs += len(r.tokens)
-            layout.append((seq, len(r.tokens)))
+        entries = [(r.seq, r.tokens, r.pos0, 1) for r in rows]
+        entries += [(seq, [t] * n, p, 0) for seq, (t, p, n) in fill.items()]
+        for seq, tokens, pos0, out in sorted(entries, key=lambda e: e[0]):  # consecutive sequences go together
+            n = len(tokens)
+            if out:
+                first[seq], outputs = outputs, outputs + n
+            token += tokens
+            pos += range(pos0, pos0 + n)
+            seqs += [seq] * n
+            logits += [out] * n
+            layout.append((seq, n))
+        batch.fill(token, pos, seqs, logits)
         parts = micro_batches(layout) if self.count_parts else 1
         steady = not self.shape_costs or all(n == batch.n for n in self.shapes)
         self.llama.decode(batch)
-        for seq, (_, pos, _) in fill.items():
-            self.llama.seq_trim(seq, pos)
+        for seq, (_, held, _) in fill.items():
+            self.llama.seq_trim(seq, held)
         self.shapes.append(batch.n)
         self._outputs = outputs
         return Decoded(first, batch.n, parts, steady)
