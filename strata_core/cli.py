@@ -149,6 +149,43 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pull(args: argparse.Namespace) -> int:
+    from strata_core import hub
+
+    ref = hub.parse_ref(args.reference)
+    pulled = hub.pull(ref)
+    mmproj = f" (mmproj {pulled.mmproj})" if pulled.mmproj else ""
+    print(f"{ref.repo}:{pulled.quant} {pulled.path}{mmproj}")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from strata_core import catalog
+
+    if args.sub == "rm":
+        entry = catalog.find(args.name)
+        if entry is None:
+            return _fail(f"no local model {args.name!r} (see `strata models`)")
+        catalog.remove(entry)
+        print(f"removed {entry.name}")
+        return 0
+    rows: list[dict[str, Any]] = []
+    for e in catalog.local_models():
+        facts = catalog.facts_or_none(e.path)
+        rows.append({"name": e.name, "quant": e.quant, "size": e.size, "architecture": facts.architecture,
+                     "context_length": facts.context_length, "chat_template": facts.chat_template is not None,
+                     "path": str(e.path), "mmproj": str(e.mmproj) if e.mmproj else None})  # fmt: skip
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no local models; fetch one with `strata pull OWNER/REPO[:QUANT]`")
+    for r in rows:
+        ctx = r["context_length"] or "?"
+        print(f"{r['name']:<48} {r['size'] / 1e9:6.2f} GB  {r['architecture'] or '?':<10} ctx {ctx:<7} {r['path']}")
+    return 0
+
+
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
 
 
@@ -257,10 +294,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config")
     p.set_defaults(func=cmd_doctor)
 
+    p = sub.add_parser("pull", help="fetch a GGUF model from the Hugging Face hub into its cache")
+    p.add_argument("reference", help="OWNER/REPO[:QUANT][@REVISION] (QUANT defaults to Q4_K_M)")
+    p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser("models", help="list the local models (the hub's cache), or remove one")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_models, sub=None)
+    msub = p.add_subparsers(dest="sub")
+    rm = msub.add_parser("rm", help="remove a local model's files")
+    rm.add_argument("name", help="OWNER/REPO:QUANT, as `strata models` lists it")
+
     p = sub.add_parser("serve", help="serve a model behind the OpenAI API")
     p.add_argument("--config", help="TOML config file (also $STRATA_CONFIG)")
     p.add_argument("--backend", help="cpu, cuda, hip, sycl, metal or auto")
-    p.add_argument("--model", help="path to a GGUF file, or an alias (default)")
+    p.add_argument("--model", help="path to a GGUF file, an alias (default), or hf:OWNER/REPO[:QUANT][@REVISION]")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
     p.add_argument("--parallel", type=int, help="parallel slots")

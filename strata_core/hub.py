@@ -169,7 +169,11 @@ def repo_dir(repo: str) -> Path:
 def remote_files(ref: HubRef) -> tuple[list[HubFile], str]:
     """The repository's files (with LFS sha256) at the revision, and its commit."""
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub.errors import (
+        HfHubHTTPError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     try:
         info = HfApi(endpoint=endpoint()).model_info(ref.repo, revision=ref.revision, files_metadata=True)
@@ -198,6 +202,16 @@ def cached_files(ref: HubRef) -> tuple[list[HubFile], str]:
                          f"{cache_dir()}; pull it while online first")  # fmt: skip
     files = [HubFile(p.relative_to(snap).as_posix()) for p in sorted(snap.rglob("*")) if p.is_file()]
     return files, commit
+
+
+def remember(ref: HubRef, commit: str) -> None:
+    """Point the cache's ref of the revision asked for (``main`` by default) at the commit
+    fetched, as huggingface_hub does, so offline use finds it."""
+    rev = ref.revision or "main"
+    if rev != commit:
+        path = repo_dir(ref.repo) / "refs" / rev
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(commit)
 
 
 def sha256_of(path: Path) -> str:
@@ -232,7 +246,11 @@ def _tracker(progress: Progress | None) -> type[Any] | None:
 @contextmanager
 def _bars(show: bool) -> Iterator[None]:
     """huggingface_hub's progress bars only on a terminal (logs get one line per file)."""
-    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from huggingface_hub.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
 
     was = are_progress_bars_disabled()
     if not show:
@@ -275,8 +293,15 @@ def pull(ref: HubRef, progress: Progress | None = None, bars: bool | None = None
         import huggingface_hub  # noqa: F401
     except ImportError:
         raise ModelError("model references need huggingface_hub: pip install huggingface_hub") from None
-    files, commit = cached_files(ref) if offline() else remote_files(ref)
-    choice = choose(files, ref.quant, ref.repo)
+    if offline():
+        files, commit = cached_files(ref)
+        try:
+            choice = choose(files, ref.quant, ref.repo)
+        except ModelError as exc:
+            raise ModelError(f"offline (HF_HUB_OFFLINE), from the cache: {exc}") from None
+    else:
+        files, commit = remote_files(ref)
+        choice = choose(files, ref.quant, ref.repo)
     wanted = [*choice.parts, *([choice.mmproj] if choice.mmproj else [])]
     show = sys.stderr.isatty() if bars is None else bars
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
@@ -288,5 +313,7 @@ def pull(ref: HubRef, progress: Progress | None = None, bars: bool | None = None
         raise ModelError(f"{ref}: not in the cache and the hub cannot be reached: {exc}") from None
     except (HfHubHTTPError, OSError) as exc:
         raise ModelError(f"{ref}: the download failed: {exc}") from None
+    if not offline():
+        remember(ref, commit)
     mmproj = paths[len(choice.parts)] if choice.mmproj else None
     return Pulled(ref, choice.quant, paths[0], mmproj, commit)
