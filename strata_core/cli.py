@@ -233,7 +233,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from strata_core.api.app import create_app
-    from strata_core.api.launch import log_for, model_specs
+    from strata_core.api.launch import CatalogSource, log_for, model_specs
     from strata_core.api.pool import ModelPool
     from strata_core.sampling import check_defaults
 
@@ -248,8 +248,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         console_logging(args.log_level)
         return serve_cluster(cfg, args.log_level, log_path)
-    specs = model_specs(cfg, log_for(log_path, cfg.models or [None]))
-    pool = ModelPool(specs, cfg.server.max_loaded, cfg.server.idle_ttl_s)
+    logs = log_for(log_path, [*(cfg.models or [None]), *(["catalog"] if cfg.server.catalog else [])])
+    specs = model_specs(cfg, logs)
+    source = CatalogSource(cfg, logs) if cfg.server.catalog else None
+    pool = ModelPool(specs, cfg.server.max_loaded, cfg.server.idle_ttl_s, source)
     console_logging(args.log_level)
     for spec in specs:
         where = f"; the engine logs to {spec.log_path}" if spec.log_path else ""
