@@ -8,6 +8,7 @@ each loaded on its first request.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ class GgufFacts:
     chat_template: str | None
     file_type: str | None  # e.g. Q4_K_M, from general.file_type
     name: str | None
+    parameters: int | None = None  # weights, counted over the tensors
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,13 @@ class Entry:
 
 
 def gguf_facts(path: Path) -> GgufFacts:
-    """What ``path``'s metadata says (None where it says nothing)."""
+    """What ``path``'s metadata says (None where it says nothing); read once per file version."""
+    stat = path.stat()
+    return _facts(path, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=256)
+def _facts(path: Path, size: int, mtime_ns: int) -> GgufFacts:
     import gguf
 
     try:
@@ -69,6 +77,7 @@ def gguf_facts(path: Path) -> GgufFacts:
         template if isinstance(template, str) and template.strip() else None,
         file_type,
         name if isinstance(name, str) else None,
+        sum(int(t.n_elements) for t in reader.tensors) or None,
     )
 
 
@@ -76,7 +85,7 @@ def facts_or_none(path: Path) -> GgufFacts:
     """``gguf_facts``, or nothing known for a file that cannot be read (a listing goes on)."""
     try:
         return gguf_facts(path)
-    except ValueError:
+    except (OSError, ValueError):
         return GgufFacts(None, None, None, None, None)
 
 

@@ -35,7 +35,7 @@ _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 #: A quant's name as GGUF files on the hub end in it: Q4_K_M, IQ2_XXS, Q8_0, F16, BF16, TQ1_0, MXFP4.
 _QUANT_NAME = re.compile(r"^(?:I?Q\d(?:_[A-Z0-9]+)*|B?F\d{2}|TQ\d_\d|MXFP4(?:_[A-Z0-9]+)*)$", re.IGNORECASE)
 
-Progress = Callable[[str, int, "int | None"], None]  # file, bytes so far, total
+Progress = Callable[["HubFile", int, "int | None"], None]  # file, bytes so far, total
 
 
 @dataclass(frozen=True)
@@ -222,8 +222,8 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def _tracker(progress: Progress | None) -> type[Any] | None:
-    """A tqdm class that also reports each file's bytes to ``progress``."""
+def _tracker(f: HubFile, progress: Progress | None) -> type[Any] | None:
+    """A tqdm class that reports ``f``'s bytes to ``progress``."""
     if progress is None:
         return None
     from tqdm.auto import tqdm
@@ -237,7 +237,7 @@ def _tracker(progress: Progress | None) -> type[Any] | None:
         def update(self, n: float | None = 1) -> bool | None:
             self.done += int(n or 0)
             assert progress is not None
-            progress(str(self.desc), self.done, self.total)
+            progress(f, self.done, self.total)
             return super().update(n)  # type: ignore[no-any-return]
 
     return Tracked
@@ -270,7 +270,7 @@ def fetch(ref: HubRef, f: HubFile, commit: str, progress: Progress | None = None
     had = try_to_load_from_cache(ref.repo, f.name, cache_dir=str(cache_dir()), revision=commit)
     path = Path(hf_hub_download(ref.repo, f.name, revision=commit, cache_dir=str(cache_dir()),
                                 endpoint=endpoint(), local_files_only=offline(),
-                                tqdm_class=_tracker(progress)))  # fmt: skip
+                                tqdm_class=_tracker(f, progress)))  # fmt: skip
     fresh = not isinstance(had, str)
     if fresh and f.sha256:
         got = sha256_of(path)

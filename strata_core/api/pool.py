@@ -137,6 +137,13 @@ class ModelPool:
             await service.prepare()
             m.service, m.last_used = service, time.monotonic()
 
+    async def unload_idle(self, name: str) -> None:
+        """Stop a model's engine now if no request is running on it (Ollama's keep_alive 0)."""
+        m = self.models.get(name)
+        if m is not None and m.service is not None and m.idle:
+            log.info("unloading model %s (keep_alive 0)", name)
+            await self._unload(m)
+
     async def drop(self, name: str) -> None:
         """Stop and forget a model (its files were removed)."""
         m = self.models.get(name)
