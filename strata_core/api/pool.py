@@ -56,10 +56,11 @@ class ModelPool:
 
     def refresh(self) -> list[catalog.Entry]:
         """With a catalog: add the models that appeared in the cache, forget idle ones that
-        left it (a model also configured stays). The cache's models."""
+        left it (a configured model stays, and is not listed twice). The cache's models."""
         if self.source is None:
             return []
-        entries = self.source.entries()
+        configured = {self.models[n].spec.path.resolve() for n in self._configured}
+        entries = [e for e in self.source.entries() if e.path.resolve() not in configured]
         for e in entries:
             if e.name not in self.models and (spec := self.source.spec(e)) is not None:
                 self.models[e.name] = Loaded(spec)
