@@ -36,7 +36,12 @@ N_CTX = 1024
 def served(cpu_engine: EngineBuild, default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, FakeHub]]:
     from test_tools_e2e import TOOLS_TEMPLATE
 
-    from strata_core.testing.models import SHAPES, write_random, write_tokenizer, write_with_template
+    from strata_core.testing.models import (
+        SHAPES,
+        write_random,
+        write_tokenizer,
+        write_with_template,
+    )
 
     d = tmp_path_factory.mktemp("ollama")
     write_tokenizer(default_model, d / "tok.gguf")
