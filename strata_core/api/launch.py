@@ -179,6 +179,7 @@ def log_for(base: Path | None, names: Iterable[str | None]) -> Callable[[str | N
     def path(name: str | None) -> Path | None:
         if base is None or name is None or not several:
             return base
-        return base.with_name(f"{base.stem}-{name}{base.suffix}")
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)  # OWNER/REPO:QUANT
+        return base.with_name(f"{base.stem}-{safe}{base.suffix}")
 
     return path

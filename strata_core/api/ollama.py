@@ -16,7 +16,7 @@ import asyncio
 import hashlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -119,9 +119,12 @@ class Timing:
         self.load = load_ns
         self.first: int | None = None
 
-    def piece(self) -> None:
-        if self.first is None:
-            self.first = time.perf_counter_ns()
+    async def tap(self, pieces: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
+        """``pieces``, noting when the first one came."""
+        async for d in pieces:
+            if self.first is None:
+                self.first = time.perf_counter_ns()
+            yield d
 
     def fields(self, usage: Usage) -> dict[str, int]:
         end = time.perf_counter_ns()
@@ -155,7 +158,7 @@ def content(chat: bool, text: str, thinking: str = "", calls: list[ToolCall] | N
     return out
 
 
-async def ndjson(model: str, run: ChatRun, chat: bool, timing: Timing, after: Any) -> AsyncIterator[bytes]:
+async def ndjson(model: str, run: ChatRun, chat: bool, timing: Timing, after: Callable[[], Awaitable[None]]) -> AsyncIterator[bytes]:
     """A streamed reply: a line per piece, then the last with ``done`` and the stats; an
     ``error`` line when the engine fails. ``after`` runs when it ends (keep_alive 0)."""
 
@@ -164,8 +167,7 @@ async def ndjson(model: str, run: ChatRun, chat: bool, timing: Timing, after: An
 
     last = Delta("")
     try:
-        async for d in run.pieces:
-            timing.piece()
+        async for d in timing.tap(run.pieces):
             if d.text or d.reasoning:
                 yield line({**content(chat, d.text, d.reasoning), "done": False})
             if d.finish is not None:
@@ -193,12 +195,11 @@ async def answer(request: Request, service: Service, run: ChatRun, chat: bool, t
         return StreamingResponse(ndjson(service.model_id, run, chat, timing, after), media_type=NDJSON,
                                  headers=headers)  # fmt: skip
     try:
-        whole = await until_done(request, collect(run.pieces), service.config.server.request_timeout or None)
+        whole = await until_done(request, collect(timing.tap(run.pieces)), service.config.server.request_timeout or None)
     except EngineUnavailable as exc:
         raise engine_unavailable(exc) from None
     finally:
         await after()
-    timing.piece()
     if run.constraint is not None:
         whole = reconciled(whole, run.constraint)
     reply = {"model": service.model_id, "created_at": now_iso(),
