@@ -142,6 +142,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     except (BackendError, BuildError) as exc:
         print(f"selected backend: none ({exc})")
     try:
+        if cfg.engine.model.startswith("hf:"):  # doctor downloads nothing
+            print(f"model: {cfg.engine.model} (a hub reference: `strata pull` or `strata serve` fetches it)")
+            return 0
         m = resolve_model(cfg.engine.model)
         print(f"model: {m.id} ({m.path})")
     except ModelError as exc:
