@@ -76,6 +76,10 @@ class Pulled:
     commit: str
 
 
+class HubUnreachable(ModelError):
+    """The hub did not answer (the network, the hub itself): the cache may still serve."""
+
+
 def is_ref(text: str) -> bool:
     return text.startswith(PREFIX)
 
@@ -166,11 +170,26 @@ def repo_dir(repo: str) -> Path:
     return cache_dir() / ("models--" + repo.replace("/", "--"))
 
 
+def network_errors() -> tuple[type[BaseException], ...]:
+    """What huggingface_hub raises when the hub cannot be reached or fails (its HTTP client
+    differs between versions)."""
+    import importlib
+
+    from huggingface_hub.errors import HfHubHTTPError
+
+    found: list[type[BaseException]] = [HfHubHTTPError, OSError]
+    for module, name in (("httpx2", "HTTPError"), ("httpx", "HTTPError"), ("requests", "RequestException")):
+        try:
+            found.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(found)
+
+
 def remote_files(ref: HubRef) -> tuple[list[HubFile], str]:
     """The repository's files (with LFS sha256) at the revision, and its commit."""
     from huggingface_hub import HfApi
     from huggingface_hub.errors import (
-        HfHubHTTPError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
@@ -182,9 +201,8 @@ def remote_files(ref: HubRef) -> tuple[list[HubFile], str]:
     except RepositoryNotFoundError:
         raise ModelError(f"{ref}: no repository {ref.repo!r} on {endpoint()} (a private or gated one needs "
                          "HF_TOKEN)") from None  # fmt: skip
-    except (HfHubHTTPError, OSError) as exc:
-        raise ModelError(f"{ref}: cannot reach the hub at {endpoint()}: {exc} (set HF_HUB_OFFLINE=1 to use "
-                         "the files already in the cache)") from None  # fmt: skip
+    except network_errors() as exc:
+        raise HubUnreachable(f"{ref}: cannot reach the hub at {endpoint()}: {exc}") from None
     files = [HubFile(s.rfilename, s.lfs.size if s.lfs else s.size, s.lfs.sha256 if s.lfs else None)
              for s in info.siblings or ()]  # fmt: skip
     return files, info.sha or ref.revision or "main"
@@ -262,14 +280,14 @@ def _bars(show: bool) -> Iterator[None]:
             enable_progress_bars()
 
 
-def fetch(ref: HubRef, f: HubFile, commit: str, progress: Progress | None = None) -> Path:
+def fetch(ref: HubRef, f: HubFile, commit: str, progress: Progress | None = None, local: bool = False) -> Path:
     """One file into the cache (resuming after a dropped connection); a file fetched now
     whose sha256 differs from the hub's is removed and refused."""
     from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
     had = try_to_load_from_cache(ref.repo, f.name, cache_dir=str(cache_dir()), revision=commit)
     path = Path(hf_hub_download(ref.repo, f.name, revision=commit, cache_dir=str(cache_dir()),
-                                endpoint=endpoint(), local_files_only=offline(),
+                                endpoint=endpoint(), local_files_only=local,
                                 tqdm_class=_tracker(f, progress)))  # fmt: skip
     fresh = not isinstance(had, str)
     if fresh and f.sha256:
@@ -293,27 +311,37 @@ def pull(ref: HubRef, progress: Progress | None = None, bars: bool | None = None
         import huggingface_hub  # noqa: F401
     except ImportError:
         raise ModelError("model references need huggingface_hub: pip install huggingface_hub") from None
-    if offline():
-        files, commit = cached_files(ref)
+    local = offline()
+    if not local:
         try:
-            choice = choose(files, ref.quant, ref.repo)
-        except ModelError as exc:
-            raise ModelError(f"offline (HF_HUB_OFFLINE), from the cache: {exc}") from None
+            files, commit = remote_files(ref)
+        except HubUnreachable as exc:
+            try:  # as huggingface_hub does: what the cache has, when the hub cannot be reached
+                files, commit = cached_files(ref)
+            except ModelError:
+                raise exc from None
+            print(f"strata: warning: {exc}; using the cached files", file=sys.stderr, flush=True)
+            local = True
     else:
-        files, commit = remote_files(ref)
+        files, commit = cached_files(ref)
+    try:
         choice = choose(files, ref.quant, ref.repo)
+    except ModelError as exc:
+        if not local:
+            raise
+        raise ModelError(f"offline, from the cache: {exc}") from None
     wanted = [*choice.parts, *([choice.mmproj] if choice.mmproj else [])]
     show = sys.stderr.isatty() if bars is None else bars
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
         with _bars(show and progress is None):
-            paths = [fetch(ref, f, commit, progress) for f in wanted]
+            paths = [fetch(ref, f, commit, progress, local) for f in wanted]
     except LocalEntryNotFoundError as exc:
         raise ModelError(f"{ref}: not in the cache and the hub cannot be reached: {exc}") from None
-    except (HfHubHTTPError, OSError) as exc:
+    except network_errors() as exc:
         raise ModelError(f"{ref}: the download failed: {exc}") from None
-    if not offline():
+    if not local:
         remember(ref, commit)
     mmproj = paths[len(choice.parts)] if choice.mmproj else None
     return Pulled(ref, choice.quant, paths[0], mmproj, commit)

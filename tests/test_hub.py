@@ -146,6 +146,16 @@ def test_offline_mode_uses_the_cache_only(fake_hub: FakeHub, monkeypatch: pytest
         hub.pull(hub.parse_ref("hf:acme/Other-GGUF"))
 
 
+def test_an_unreachable_hub_falls_back_to_the_cache(fake_hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
+    online = hub.pull(hub.parse_ref(f"hf:{REPO}"))
+    with FakeHub() as gone:
+        url = gone.url
+    monkeypatch.setenv("HF_ENDPOINT", url)  # nothing listens there now
+    assert hub.pull(hub.parse_ref(f"hf:{REPO}")).path == online.path
+    with pytest.raises(ModelError, match="cannot reach the hub"):
+        hub.pull(hub.parse_ref("hf:acme/Other-GGUF"))
+
+
 def test_revision_pin_token_and_unknown_names(fake_hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
     commit = fake_hub.commit(REPO)
