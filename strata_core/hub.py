@@ -80,6 +80,10 @@ class HubUnreachable(ModelError):
     """The hub did not answer (the network, the hub itself): the cache may still serve."""
 
 
+class NotOnHub(ModelError):
+    """No such repository, revision or quant (or, offline, not in the cache)."""
+
+
 def is_ref(text: str) -> bool:
     return text.startswith(PREFIX)
 
@@ -128,13 +132,13 @@ def choose(files: list[HubFile], quant: str | None, repo: str) -> Choice:
     for f in models:
         by_quant.setdefault(quant_of(f.name) or Path(f.name).stem, []).append(f)
     if not by_quant:
-        raise ModelError(f"{repo} has no GGUF model files (is it a GGUF repository?)")
+        raise NotOnHub(f"{repo} has no GGUF model files (is it a GGUF repository?)")
     want = (quant or DEFAULT_QUANT).upper()
     if want not in by_quant and quant is None and len(by_quant) == 1:
         want = next(iter(by_quant))
     if want not in by_quant:
         there = ", ".join(sorted(by_quant))
-        raise ModelError(f"{repo} has no {want} GGUF; its quants: {there} (pick one: hf:{repo}:QUANT)")
+        raise NotOnHub(f"{repo} has no {want} GGUF; its quants: {there} (pick one: hf:{repo}:QUANT)")
     parts = sorted(by_quant[want], key=lambda f: f.name)
     split = [_SPLIT.search(f.name) for f in parts]
     if any(split):
@@ -197,9 +201,9 @@ def remote_files(ref: HubRef) -> tuple[list[HubFile], str]:
     try:
         info = HfApi(endpoint=endpoint()).model_info(ref.repo, revision=ref.revision, files_metadata=True)
     except RevisionNotFoundError:
-        raise ModelError(f"{ref}: the hub has no revision {ref.revision!r} of {ref.repo}") from None
+        raise NotOnHub(f"{ref}: the hub has no revision {ref.revision!r} of {ref.repo}") from None
     except RepositoryNotFoundError:
-        raise ModelError(f"{ref}: no repository {ref.repo!r} on {endpoint()} (a private or gated one needs "
+        raise NotOnHub(f"{ref}: no repository {ref.repo!r} on {endpoint()} (a private or gated one needs "
                          "HF_TOKEN)") from None  # fmt: skip
     except network_errors() as exc:
         raise HubUnreachable(f"{ref}: cannot reach the hub at {endpoint()}: {exc}") from None
@@ -216,7 +220,7 @@ def cached_files(ref: HubRef) -> tuple[list[HubFile], str]:
     commit = ref_file.read_text().strip() if ref_file.is_file() else rev
     snap = root / "snapshots" / commit
     if not snap.is_dir():
-        raise ModelError(f"{ref}: offline (HF_HUB_OFFLINE) and {ref.repo} at {rev} is not in the cache "
+        raise NotOnHub(f"{ref}: offline (HF_HUB_OFFLINE) and {ref.repo} at {rev} is not in the cache "
                          f"{cache_dir()}; pull it while online first")  # fmt: skip
     files = [HubFile(p.relative_to(snap).as_posix()) for p in sorted(snap.rglob("*")) if p.is_file()]
     return files, commit
@@ -329,7 +333,7 @@ def pull(ref: HubRef, progress: Progress | None = None, bars: bool | None = None
     except ModelError as exc:
         if not local:
             raise
-        raise ModelError(f"offline, from the cache: {exc}") from None
+        raise NotOnHub(f"offline, from the cache: {exc}") from None
     wanted = [*choice.parts, *([choice.mmproj] if choice.mmproj else [])]
     show = sys.stderr.isatty() if bars is None else bars
     from huggingface_hub.errors import LocalEntryNotFoundError
@@ -338,9 +342,9 @@ def pull(ref: HubRef, progress: Progress | None = None, bars: bool | None = None
         with _bars(show and progress is None):
             paths = [fetch(ref, f, commit, progress, local) for f in wanted]
     except LocalEntryNotFoundError as exc:
-        raise ModelError(f"{ref}: not in the cache and the hub cannot be reached: {exc}") from None
+        raise HubUnreachable(f"{ref}: not in the cache and the hub cannot be reached: {exc}") from None
     except network_errors() as exc:
-        raise ModelError(f"{ref}: the download failed: {exc}") from None
+        raise HubUnreachable(f"{ref}: the download failed: {exc}") from None
     if not local:
         remember(ref, commit)
     mmproj = paths[len(choice.parts)] if choice.mmproj else None

@@ -456,12 +456,12 @@ async def finished_pull(task: asyncio.Future[hub.Pulled], pool: ModelPool) -> No
     """The pull's end: the catalog refreshed, or its error as Ollama's."""
     try:
         await task
-    except ModelError as exc:
-        message = str(exc)
-        status = 404 if "no repository" in message or "no revision" in message or "offline" in message else 400
-        if "cannot reach" in message or "download failed" in message:
-            status = 502
-        raise ApiError(status, message, param="model", code="pull_failed") from None
+    except hub.NotOnHub as exc:
+        raise ApiError(404, str(exc), param="model", code="model_not_found") from None
+    except hub.HubUnreachable as exc:
+        raise ApiError(502, str(exc), type="server_error", code="hub_unreachable") from None
+    except ModelError as exc:  # what the hub sent was refused (a sha256 that differs, a name outside the repo)
+        raise ApiError(502, str(exc), type="server_error", code="pull_failed") from None
     pool.refresh()
 
 
