@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from strata_core import catalog, hub
 from strata_core.api import openapi
+from strata_core.api.blocks import Block, Closed, Grew, blocks_of, stream_blocks
 from strata_core.api.embeddings import normalized, token_inputs, with_specials
 from strata_core.api.messages_input import arguments_object
 from strata_core.api.ollama_input import (
@@ -46,7 +47,6 @@ from strata_core.reader import EngineUnavailable, Usage
 from strata_core.requests import BaseRequest, parse_request
 from strata_core.sampling import resolve_seed
 from strata_core.text.choice import Delta
-from strata_core.text.tools import ToolCall
 
 router = APIRouter()
 
@@ -134,16 +134,17 @@ class Timing:
                 "eval_count": usage.completion, "eval_duration": end - first}  # fmt: skip
 
 
-def tool_calls_body(calls: list[ToolCall] | None) -> list[dict[str, Any]]:
-    return [{"function": {"index": i, "name": c.name, "arguments": arguments_object(c.arguments)}}
-            for i, c in enumerate(calls or ())]  # fmt: skip
+def tool_calls_body(calls: list[Block]) -> list[dict[str, Any]]:
+    """Call blocks as Ollama's calls: arguments as the object the model wrote."""
+    return [{"function": {"index": i, "name": c.name, "arguments": arguments_object(c.text)}}
+            for i, c in enumerate(calls)]  # fmt: skip
 
 
 def done_reason(finish: str) -> str:
     return "length" if finish == "length" else "stop"
 
 
-def content(chat: bool, text: str, thinking: str = "", calls: list[ToolCall] | None = None) -> dict[str, Any]:
+def content(chat: bool, text: str, thinking: str = "", calls: list[Block] | None = None) -> dict[str, Any]:
     """A chunk's text: a chat's ``message``, a generation's ``response``."""
     if chat:
         message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -166,14 +167,19 @@ async def ndjson(model: str, run: ChatRun, chat: bool, timing: Timing, after: Ca
         return json.dumps({"model": model, "created_at": now_iso(), **obj}, ensure_ascii=False).encode() + b"\n"
 
     last = Delta("")
+    calls = 0
     try:
-        async for d in timing.tap(run.pieces):
-            if d.text or d.reasoning:
-                yield line({**content(chat, d.text, d.reasoning), "done": False})
-            if d.finish is not None:
-                last = d
-        if last.tool_calls and chat:
-            yield line({**content(chat, "", calls=last.tool_calls), "done": False})
+        async for ev in stream_blocks(timing.tap(run.pieces)):
+            if isinstance(ev, Delta):
+                last = ev
+            elif isinstance(ev, Grew) and ev.block.kind != "call":
+                reasoning = ev.block.kind == "reasoning"
+                yield line({**content(chat, "" if reasoning else ev.text, ev.text if reasoning else ""), "done": False})
+            elif isinstance(ev, Closed) and ev.block.kind == "call" and chat:  # a call, once whole
+                body = content(chat, "", calls=[ev.block])
+                body["message"]["tool_calls"][0]["function"]["index"] = calls
+                calls += 1
+                yield line({**body, "done": False})
         stats = timing.fields(last.usage or Usage())
         yield line({**content(chat, ""), "done": True, "done_reason": done_reason(last.finish or "stop"), **stats})
     except EngineUnavailable as exc:
@@ -203,7 +209,7 @@ async def answer(request: Request, service: Service, run: ChatRun, chat: bool, t
     if run.constraint is not None:
         whole = reconciled(whole, run.constraint)
     reply = {"model": service.model_id, "created_at": now_iso(),
-             **content(chat, whole.text, whole.reasoning, whole.tool_calls if chat else None),
+             **content(chat, whole.text, whole.reasoning, [b for b in blocks_of(whole) if b.kind == "call"] if chat else None),
              "done": True, "done_reason": done_reason(whole.finish), **timing.fields(whole.usage)}  # fmt: skip
     return JSONResponse(reply, headers=headers)
 
