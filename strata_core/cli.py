@@ -142,10 +142,50 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     except (BackendError, BuildError) as exc:
         print(f"selected backend: none ({exc})")
     try:
+        if cfg.engine.model.startswith("hf:"):  # doctor downloads nothing
+            print(f"model: {cfg.engine.model} (a hub reference: `strata pull` or `strata serve` fetches it)")
+            return 0
         m = resolve_model(cfg.engine.model)
         print(f"model: {m.id} ({m.path})")
     except ModelError as exc:
         print(f"model: {exc}")
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from strata_core import hub
+
+    ref = hub.parse_ref(args.reference)
+    pulled = hub.pull(ref)
+    mmproj = f" (mmproj {pulled.mmproj})" if pulled.mmproj else ""
+    print(f"{ref.repo}:{pulled.quant} {pulled.path}{mmproj}")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from strata_core import catalog
+
+    if args.sub == "rm":
+        entry = catalog.find(args.name)
+        if entry is None:
+            return _fail(f"no local model {args.name!r} (see `strata models`)")
+        catalog.remove(entry)
+        print(f"removed {entry.name}")
+        return 0
+    rows: list[dict[str, Any]] = []
+    for e in catalog.local_models():
+        facts = catalog.facts_or_none(e.path)
+        rows.append({"name": e.name, "quant": e.quant, "size": e.size, "architecture": facts.architecture,
+                     "context_length": facts.context_length, "chat_template": facts.chat_template is not None,
+                     "path": str(e.path), "mmproj": str(e.mmproj) if e.mmproj else None})  # fmt: skip
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no local models; fetch one with `strata pull OWNER/REPO[:QUANT]`")
+    for r in rows:
+        ctx = r["context_length"] or "?"
+        print(f"{r['name']:<48} {r['size'] / 1e9:6.2f} GB  {r['architecture'] or '?':<10} ctx {ctx:<7} {r['path']}")
     return 0
 
 
@@ -196,7 +236,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from strata_core.api.app import create_app
-    from strata_core.api.launch import log_for, model_specs
+    from strata_core.api.launch import CatalogSource, log_for, model_specs
     from strata_core.api.pool import ModelPool
     from strata_core.sampling import check_defaults
 
@@ -211,8 +251,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         console_logging(args.log_level)
         return serve_cluster(cfg, args.log_level, log_path)
-    specs = model_specs(cfg, log_for(log_path, cfg.models or [None]))
-    pool = ModelPool(specs, cfg.server.max_loaded, cfg.server.idle_ttl_s)
+    logs = log_for(log_path, [*(cfg.models or [None]), *(["catalog"] if cfg.server.catalog else [])])
+    specs = model_specs(cfg, logs)
+    source = CatalogSource(cfg, logs) if cfg.server.catalog else None
+    pool = ModelPool(specs, cfg.server.max_loaded, cfg.server.idle_ttl_s, source)
     console_logging(args.log_level)
     for spec in specs:
         where = f"; the engine logs to {spec.log_path}" if spec.log_path else ""
@@ -257,10 +299,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config")
     p.set_defaults(func=cmd_doctor)
 
+    p = sub.add_parser("pull", help="fetch a GGUF model from the Hugging Face hub into its cache")
+    p.add_argument("reference", help="OWNER/REPO[:QUANT][@REVISION] (QUANT defaults to Q4_K_M)")
+    p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser("models", help="list the local models (the hub's cache), or remove one")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_models, sub=None)
+    msub = p.add_subparsers(dest="sub")
+    rm = msub.add_parser("rm", help="remove a local model's files")
+    rm.add_argument("name", help="OWNER/REPO:QUANT, as `strata models` lists it")
+
     p = sub.add_parser("serve", help="serve a model behind the OpenAI API")
     p.add_argument("--config", help="TOML config file (also $STRATA_CONFIG)")
     p.add_argument("--backend", help="cpu, cuda, hip, sycl, metal or auto")
-    p.add_argument("--model", help="path to a GGUF file, or an alias (default)")
+    p.add_argument("--model", help="path to a GGUF file, an alias (default), or hf:OWNER/REPO[:QUANT][@REVISION]")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
     p.add_argument("--parallel", help="parallel slots, or auto (as many as the GPU's free memory holds)")

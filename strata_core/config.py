@@ -56,6 +56,9 @@ class ServerConfig(_Section):
     max_queued: int = Field(default=256, ge=0)
     #: Seconds one request may run before it is cancelled and answered 504; 0: no limit.
     request_timeout: float = Field(default=600.0, ge=0)
+    #: Serve every model in the hub's cache too (``strata models``; pulled ones included),
+    #: each loaded on its first request, under max_loaded and idle_ttl_s.
+    catalog: bool = False
 
 
 #: A CPU's slots under parallel = "auto": its step cost grows with every row.
@@ -111,6 +114,8 @@ class EngineConfig(_Section):
     #: Use this llama-cpp-python instead of building one: a directory holding the
     #: ``llama_cpp`` package, or a wheel file.
     llama_cpp: str | None = None
+    #: A Jinja chat template file used instead of the one the GGUF carries (or lacks).
+    chat_template: str | None = None
 
     @field_validator("parallel", mode="before")
     @classmethod
@@ -188,7 +193,7 @@ class SpeculativeConfig(_Section):
     #: backend runs on its matrix-vector kernels (measured on the H200: copy-heavy x1.92 at
     #: k=7, x1.02 at k=4). Where rows cost more, the adaptive policy proposes fewer.
     k: int = Field(default=7, ge=1, le=32)
-    #: mode "draft": a GGUF sharing the target's vocabulary (a path or an alias).
+    #: mode "draft": a GGUF sharing the target's vocabulary (a path, an alias or an hf: reference).
     draft_model: str | None = None
     #: mode "draft": the confidence gate tau; a proposal whose draft probability is
     #: below it ends the window (docs/architecture.md, "Speculative decoding"). 0 offers every draw.
@@ -213,8 +218,10 @@ class ModelConfig(_Section):
     its own engine process. A key left out is [engine]'s; ``speculative`` replaces the
     [speculative] table for this model."""
 
-    path: str = Field(min_length=1)  # a GGUF path, or an alias of the default model
+    path: str = Field(min_length=1)  # a GGUF path, an alias, or hf:OWNER/REPO[:QUANT][@REVISION]
     backend: str | None = None
+    #: a Jinja chat template file instead of the GGUF's
+    chat_template: str | None = None
     parallel: int | Literal["auto"] | None = None
     n_ctx: int | None = Field(default=None, ge=64, le=1 << 20)
     threads: int | None = Field(default=None, ge=1, le=1024)
@@ -290,7 +297,7 @@ class Config(_Section):
         (and over [speculative] when it has its own)."""
         m = self.models[name]
         engine = {"model": m.path, "backend": m.backend, "parallel": m.parallel, "n_ctx": m.n_ctx,
-                  "threads": m.threads}  # fmt: skip
+                  "threads": m.threads, "chat_template": m.chat_template}  # fmt: skip
         update = {k: v for k, v in engine.items() if v is not None}
         out = self.model_copy(update={"engine": self.engine.model_copy(update=update), "models": {}})
         if m.speculative is not None:

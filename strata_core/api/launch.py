@@ -4,19 +4,24 @@ a fresh Service (its engine not started yet) each time the model is loaded."""
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from strata_core import catalog
 from strata_core.api.service import Service
 from strata_core.backend import Backend
 from strata_core.build import EngineBuild, ensure_engine
-from strata_core.config import Config, EngineConfig, check_split, slots_for
-from strata_core.models import ALIASES, resolve_model
+from strata_core.config import Config, ConfigError, EngineConfig, check_split, slots_for
+from strata_core.models import ALIASES, ResolvedModel, resolve_model
 from strata_core.plugins import load_registry, select_backend
 from strata_core.reader import EngineClient, EngineCommand, engine_command
+from strata_core.text.chat import ChatTemplate, TemplateError
+
+log = logging.getLogger("strata.launch")
 
 
 def offload(e: EngineConfig, backend: Backend) -> tuple[int, bool]:
@@ -50,10 +55,15 @@ class ModelSpec:
     log_path: Path | None
     preload: bool = True
     aliases: frozenset[str] = field(default_factory=frozenset)
+    #: a multimodal projector beside the model (hub references whose repository has one)
+    mmproj: Path | None = None
+    #: the operator's chat template text ([engine] / [models.NAME] chat_template)
+    chat_template: str | None = None
 
     def service(self) -> Service:
         """A new Service over a new (not yet started) engine client."""
-        service = Service(self.config, self.name, EngineClient(self.command, self.log_path))
+        service = Service(self.config, self.name, EngineClient(self.command, self.log_path),
+                          chat_template=self.chat_template)  # fmt: skip
         service.backend_info = self.info()
         return service
 
@@ -65,12 +75,15 @@ class ModelSpec:
             "devices": [vars(d) for d in self.backend.probe().devices],
             "engine_log": str(self.log_path) if self.log_path else None,
             "model_file": str(self.path),
+            "mmproj_file": str(self.mmproj) if self.mmproj else None,
         }
 
 
-def model_spec(cfg: Config, name: str | None, log_path: Path | None, preload: bool = True) -> ModelSpec:
-    """The spec of the model [engine] describes (named ``name``, or after its file)."""
-    model = resolve_model(cfg.engine.model)
+def model_spec(
+    cfg: Config, name: str | None, log_path: Path | None, preload: bool = True, model: ResolvedModel | None = None
+) -> ModelSpec:
+    """The spec of the model [engine] describes, or ``model`` (named ``name``, or after its file)."""
+    model = model or resolve_model(cfg.engine.model)
     spec = cfg.speculative
     draft = resolve_model(spec.draft_model) if spec.mode == "draft" and spec.draft_model else None
     backend, build = engine_for(cfg)
@@ -80,7 +93,7 @@ def model_spec(cfg: Config, name: str | None, log_path: Path | None, preload: bo
         str(model.path),
         site=str(build.path),
         env=backend.engine_env(e),
-        n_ctx=e.n_ctx,
+        n_ctx=context_for(model.path, e.n_ctx),
         parallel=slots_for(e.parallel, on_gpu=n_gpu_layers != 0 and backend.name != "cpu"),
         n_batch=e.n_batch,
         threads=e.threads,
@@ -99,7 +112,32 @@ def model_spec(cfg: Config, name: str | None, log_path: Path | None, preload: bo
     # One model served: the aliases clients send for "the model" ("default") name it, whatever
     # its file, as before several models could be served; [models.NAME] are named exactly.
     aliases = frozenset(ALIASES) if name is None else frozenset()
-    return ModelSpec(name or model.id, cfg, model.path, backend, build, command, log_path, preload, aliases)
+    return ModelSpec(name or model.id, cfg, model.path, backend, build, command, log_path, preload, aliases,
+                     model.mmproj, template_file(e.chat_template))  # fmt: skip
+
+
+def context_for(path: Path, n_ctx: int) -> int:
+    """``n_ctx``, no larger than the context the model was trained on (its GGUF's)."""
+    trained = catalog.facts_or_none(path).context_length
+    if trained and n_ctx > trained:
+        log.info("%s was trained on a context of %d tokens: n_ctx %d lowered to it", path.name, trained, n_ctx)
+        return trained
+    return n_ctx
+
+
+def template_file(path: str | None) -> str | None:
+    """The chat template in ``path`` (None: the GGUF's), read and compiled now so a bad
+    one refuses to start."""
+    if path is None:
+        return None
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+        ChatTemplate(text).render([{"role": "user", "content": "hi"}])
+    except OSError as exc:
+        raise ConfigError(f"chat_template = {path!r}: cannot read it: {exc.strerror}") from None
+    except TemplateError as exc:
+        raise ConfigError(f"chat_template = {path!r}: {exc}") from None
+    return text
 
 
 def model_specs(cfg: Config, log_path: Callable[[str | None], Path | None]) -> list[ModelSpec]:
@@ -113,6 +151,26 @@ def model_specs(cfg: Config, log_path: Callable[[str | None], Path | None]) -> l
     ]
 
 
+class CatalogSource:
+    """The models of the hub's cache as the pool serves them ([server] catalog): one spec
+    per local model, named as ``strata models`` names it, loaded on its first request."""
+
+    def __init__(self, cfg: Config, log_path: Callable[[str | None], Path | None]) -> None:
+        self.cfg, self.log_path = cfg, log_path
+
+    def entries(self) -> list[catalog.Entry]:
+        return catalog.local_models()
+
+    def spec(self, entry: catalog.Entry) -> ModelSpec | None:
+        """``entry``'s spec; None (logged) when it cannot be served."""
+        model = ResolvedModel(entry.name, entry.path, entry.mmproj)
+        try:
+            return model_spec(self.cfg, entry.name, self.log_path(entry.name), preload=False, model=model)
+        except ValueError as exc:
+            log.warning("catalog: cannot serve %s: %s", entry.name, exc)
+            return None
+
+
 def log_for(base: Path | None, names: Iterable[str | None]) -> Callable[[str | None], Path | None]:
     """Engine log paths: ``base`` for the only model, ``<stem>-<name><suffix>`` beside it
     for each of several."""
@@ -121,6 +179,7 @@ def log_for(base: Path | None, names: Iterable[str | None]) -> Callable[[str | N
     def path(name: str | None) -> Path | None:
         if base is None or name is None or not several:
             return base
-        return base.with_name(f"{base.stem}-{name}{base.suffix}")
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)  # OWNER/REPO:QUANT
+        return base.with_name(f"{base.stem}-{safe}{base.suffix}")
 
     return path

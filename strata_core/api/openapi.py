@@ -95,10 +95,10 @@ _BODIES: list[type[BaseModel]] = [ChatRequest, CompletionRequest]
 
 
 def route(model: type[BaseModel], what: str, reply: dict[str, Any] | None = None, stream: bool = True,
-          anthropic: bool = False) -> dict[str, Any]:  # fmt: skip
+          anthropic: bool = False, error_schema: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """A POST route's OpenAPI details: ``model`` as its body, its reply (``reply``'s outline,
     else the completion routes'; with ``stream``, SSE events too) and its errors (OpenAI
-    error objects, or with ``anthropic`` Anthropic's)."""
+    error objects, with ``anthropic`` Anthropic's, or ``error_schema``'s for every status)."""
     if model not in _BODIES:
         _BODIES.append(model)
     content: dict[str, Any] = {"application/json": {"schema": reply or REPLIES[model]}}
@@ -107,8 +107,9 @@ def route(model: type[BaseModel], what: str, reply: dict[str, Any] | None = None
     ok = {"description": what + (", or with stream true its SSE events" if stream else ""), "content": content}
     body = {"required": True, "content": {"application/json": {"schema": {"$ref": REF.format(model=model.__name__)}}}}
     errors = REQUEST_ERRORS
-    if anthropic:  # every status, so that none falls back to the app's OpenAI-shaped ones
-        shape = {"application/json": {"schema": ANTHROPIC_ERROR}}
+    error_schema = ANTHROPIC_ERROR if anthropic else error_schema
+    if error_schema is not None:  # every status, so that none falls back to the app's OpenAI-shaped ones
+        shape = {"application/json": {"schema": error_schema}}
         errors = {code: {**e, "content": shape} for code, e in {**COMMON_ERRORS, **REQUEST_ERRORS}.items()}
     return {
         "summary": f"Create {what}",

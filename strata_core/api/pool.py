@@ -1,7 +1,9 @@
 """The models one server serves, each its own engine: the request's ``model`` picks one.
 A model loads with the server, or on its first request (``preload = false``); with
 ``max_loaded`` the idle model used longest ago is stopped to make room, and with
-``idle_ttl_s`` a model unused that long is stopped (it loads again when asked for)."""
+``idle_ttl_s`` a model unused that long is stopped (it loads again when asked for).
+With a catalog ([server] catalog) every model of the hub's cache is served too, the
+list refreshed when clients ask for it or name a model not yet known."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from strata_core.api.launch import ModelSpec
+from strata_core import catalog
+from strata_core.api.launch import CatalogSource, ModelSpec
 from strata_core.api.service import Service
 from strata_core.errors import ApiError
 
@@ -34,16 +37,38 @@ class Loaded:
 
 
 class ModelPool:
-    def __init__(self, specs: Sequence[ModelSpec], max_loaded: int = 0, idle_ttl_s: float = 0.0) -> None:
+    def __init__(
+        self, specs: Sequence[ModelSpec], max_loaded: int = 0, idle_ttl_s: float = 0.0,
+        source: CatalogSource | None = None,
+    ) -> None:  # fmt: skip
         if not specs:
             raise ValueError("a server needs at least one model")
         self.models = {s.name: Loaded(s) for s in specs}
         self.default = specs[0].name
         self.max_loaded, self.idle_ttl_s = max_loaded, idle_ttl_s
+        self.source = source
+        self._configured = set(self.models)
         self._reaper: asyncio.Task[None] | None = None
 
     def names(self) -> list[str]:
+        self.refresh()
         return list(self.models)
+
+    def refresh(self) -> list[catalog.Entry]:
+        """With a catalog: add the models that appeared in the cache, forget idle ones that
+        left it (a configured model stays, and is not listed twice). The cache's models."""
+        if self.source is None:
+            return []
+        configured = {self.models[n].spec.path.resolve() for n in self._configured}
+        entries = [e for e in self.source.entries() if e.path.resolve() not in configured]
+        for e in entries:
+            if e.name not in self.models and (spec := self.source.spec(e)) is not None:
+                self.models[e.name] = Loaded(spec)
+        here = {e.name for e in entries}
+        for name, m in list(self.models.items()):
+            if name not in here and name not in self._configured and m.service is None:
+                del self.models[name]
+        return entries
 
     def entry(self, model: str | None) -> Loaded:
         """The model a request names (None: the first); 404 naming it when unknown."""
@@ -54,6 +79,10 @@ class ModelPool:
         for m in self.models.values():
             if model.lower() in m.spec.aliases:
                 return m
+        if self.source is not None:
+            found = catalog.find(model, self.refresh())
+            if found is not None and found.name in self.models:
+                return self.models[found.name]
         served = ", ".join(repr(n) for n in self.models)
         raise ApiError(404, f"the model {model!r} does not exist; this server serves {served}",
                        param="model", code="model_not_found")  # fmt: skip
@@ -108,6 +137,20 @@ class ModelPool:
                                type="server_error", code="engine_unavailable")  # fmt: skip
             await service.prepare()
             m.service, m.last_used = service, time.monotonic()
+
+    async def unload_idle(self, name: str) -> None:
+        """Stop a model's engine now if no request is running on it (Ollama's keep_alive 0)."""
+        m = self.models.get(name)
+        if m is not None and m.service is not None and m.idle:
+            log.info("unloading model %s (keep_alive 0)", name)
+            await self._unload(m)
+
+    async def drop(self, name: str) -> None:
+        """Stop and forget a model (its files were removed)."""
+        m = self.models.get(name)
+        if m is not None and name not in self._configured:
+            await self._unload(m)
+            self.models.pop(name, None)
 
     def _make_room(self, m: Loaded) -> None:
         """Under ``max_loaded``, stop the idle model used longest ago (in the background)."""

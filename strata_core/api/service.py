@@ -32,7 +32,7 @@ from strata_core.reader import (
 )
 from strata_core.requests import BaseRequest, ChatRequest
 from strata_core.sampling import REQUEST_PARAMS, gen_options, max_new_tokens, resolve_seed
-from strata_core.text.chat import FALLBACK_TEMPLATE, ChatTemplate, TemplateError
+from strata_core.text.chat import ChatTemplate, TemplateError
 from strata_core.text.choice import ChatShape, ChoiceText, Delta, carry
 from strata_core.text.generic_tools import generic_grammar, generic_instruction, generic_messages
 from strata_core.text.grammars import grammar_error, llguidance_grammar
@@ -104,6 +104,8 @@ class Service:
     backend_info: dict[str, Any] = field(default_factory=dict)
     pieces: list[bytes] = field(default_factory=list)
     template: ChatTemplate | None = None
+    #: the operator's chat template ([engine] chat_template), over the GGUF's
+    chat_template: str | None = None
     metrics: Metrics = field(init=False)
     #: engine requests admitted (admission) and not sent yet
     admitting: int = field(default=0, init=False)
@@ -122,11 +124,9 @@ class Service:
         await self.engine.wait_ready()
         info = self.engine.info
         self.pieces = await self.engine.vocab()
-        self.template = ChatTemplate(
-            info.get("chat_template") or FALLBACK_TEMPLATE,
-            bos_token=info.get("bos_text", ""),
-            eos_token=info.get("eos_text", ""),
-        )
+        source = self.chat_template or info.get("chat_template")
+        if source:  # none: chat requests are refused (chat_prompt), completions still run
+            self.template = ChatTemplate(source, bos_token=info.get("bos_text", ""), eos_token=info.get("eos_text", ""))
 
     @property
     def slots(self) -> int:
@@ -201,7 +201,11 @@ class Service:
 
     async def chat_prompt(self, req: ChatRequest) -> tuple[list[int], ChatShape]:
         """The prompt's token ids, and how the reply will be cut up."""
-        assert self.template is not None
+        if self.template is None:
+            raise ApiError(400, f"the model {self.model_id!r} has no chat template (its GGUF carries none and the "
+                           "server configures none): use the completions API, or have the operator set "
+                           "chat_template = \"FILE.jinja\" for it", param="messages",
+                           code="no_chat_template")  # fmt: skip
         dialect = self.tool_dialect
         if req.tools and dialect is None:
             raise ApiError(

@@ -1,0 +1,476 @@
+"""Ollama's API over the shared chat path, for clients that speak only ``/api/*``:
+``/api/chat``, ``/api/generate``, ``/api/embed`` (and the older ``/api/embeddings``),
+``/api/tags``, ``/api/show``, ``/api/ps``, ``/api/version``, ``/api/pull`` and
+``/api/delete``. Errors on these routes are Ollama's ``{"error": "..."}``.
+
+Replies stream as NDJSON (``stream`` is true unless the request says false); the last
+object has ``done: true``, ``done_reason`` and the counts and durations (nanoseconds,
+measured here) Ollama reports. Models are named as the server names them (``strata
+models``: ``OWNER/REPO:QUANT``), with or without ``:latest``; pulls and deletes act on
+the hub's cache (strata_core.catalog) and, with ``[server] catalog``, on what is served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from strata_core import catalog, hub
+from strata_core.api import openapi
+from strata_core.api.blocks import Block, Closed, Grew, blocks_of, stream_blocks
+from strata_core.api.embeddings import normalized, token_inputs, with_specials
+from strata_core.api.messages_input import arguments_object
+from strata_core.api.ollama_input import (
+    ChatBody,
+    EmbedBody,
+    EmbeddingsBody,
+    GenerateBody,
+    Generation,
+    NameBody,
+    Options,
+)
+from strata_core.api.pool import Loaded, ModelPool
+from strata_core.api.service import ChatRun, Service, engine_unavailable, json_body, until_done
+from strata_core.api.stream import collect, reconciled
+from strata_core.errors import ApiError
+from strata_core.models import ModelError
+from strata_core.reader import EngineUnavailable, Usage
+from strata_core.requests import BaseRequest, parse_request
+from strata_core.sampling import resolve_seed
+from strata_core.text.choice import Delta
+
+router = APIRouter()
+
+PREFIX = "/api/"
+#: The Ollama release whose API this follows (clients check it before using newer fields).
+OLLAMA_VERSION = "0.12.0"
+NDJSON = "application/x-ndjson"
+
+ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
+_DONE = {"type": "object", "required": ["model", "created_at", "done"]}
+
+
+def owns(path: str) -> bool:
+    return path.startswith(PREFIX)
+
+
+def error_body(exc: ApiError) -> dict[str, Any]:
+    return {"error": exc.message}
+
+
+def route(body: type[Any] | None, what: str, reply: dict[str, Any], stream: bool = False) -> dict[str, Any]:
+    """A route's OpenAPI details with Ollama's error object for every status."""
+    if body is not None:
+        details = openapi.route(body, what, reply, stream=False, error_schema=ERROR)
+    else:
+        errors = {code: {**e, "content": {"application/json": {"schema": ERROR}}} for code, e in openapi.COMMON_ERRORS.items()}
+        details = {"summary": what, "responses": {200: {"description": what, "content": {"application/json": {"schema": reply}}}, **errors}}  # fmt: skip
+    if stream:  # one JSON object a line: no schema for the whole body
+        details["responses"][200]["content"][NDJSON] = {}
+    return details
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def pool_of(request: Request) -> ModelPool:
+    return request.app.state.pool  # type: ignore[no-any-return]
+
+
+def entry_for(request: Request, name: str) -> Loaded:
+    """The served model ``name`` means (``:latest`` dropped if needed); Ollama's 404."""
+    pool = pool_of(request)
+    for candidate in (name, name.removesuffix(":latest")):
+        try:
+            return pool.entry(candidate)
+        except ApiError:
+            continue
+    raise ApiError(404, f"model {name!r} not found (this server serves {', '.join(pool.names())}; pull it "
+                   "with /api/pull or `strata pull`)", param="model", code="model_not_found")  # fmt: skip
+
+
+async def service_named(request: Request, name: str) -> tuple[Service, int]:
+    """The model's Service (loaded now if needed) and the load's duration in ns."""
+    entry = entry_for(request, name)
+    t0 = time.perf_counter_ns()
+    service = await pool_of(request).service(entry.spec.name)
+    return service, time.perf_counter_ns() - t0
+
+
+# ---- generation --------------------------------------------------------------------------
+
+
+class Timing:
+    """Ollama's durations (ns), measured at the server: the whole request, the model's
+    load, the prompt (until the first piece), the reply (after it)."""
+
+    def __init__(self, load_ns: int) -> None:
+        self.start = time.perf_counter_ns() - load_ns
+        self.load = load_ns
+        self.first: int | None = None
+
+    async def tap(self, pieces: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
+        """``pieces``, noting when the first one came."""
+        async for d in pieces:
+            if self.first is None:
+                self.first = time.perf_counter_ns()
+            yield d
+
+    def fields(self, usage: Usage) -> dict[str, int]:
+        end = time.perf_counter_ns()
+        first = self.first or end
+        return {"total_duration": end - self.start, "load_duration": self.load,
+                "prompt_eval_count": usage.prompt, "prompt_eval_duration": max(0, first - self.start - self.load),
+                "eval_count": usage.completion, "eval_duration": end - first}  # fmt: skip
+
+
+def tool_calls_body(calls: list[Block]) -> list[dict[str, Any]]:
+    """Call blocks as Ollama's calls: arguments as the object the model wrote."""
+    return [{"function": {"index": i, "name": c.name, "arguments": arguments_object(c.text)}}
+            for i, c in enumerate(calls)]  # fmt: skip
+
+
+def done_reason(finish: str) -> str:
+    return "length" if finish == "length" else "stop"
+
+
+def content(chat: bool, text: str, thinking: str = "", calls: list[Block] | None = None) -> dict[str, Any]:
+    """A chunk's text: a chat's ``message``, a generation's ``response``."""
+    if chat:
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if thinking:
+            message["thinking"] = thinking
+        if calls:
+            message["tool_calls"] = tool_calls_body(calls)
+        return {"message": message}
+    out: dict[str, Any] = {"response": text}
+    if thinking:
+        out["thinking"] = thinking
+    return out
+
+
+async def ndjson(model: str, run: ChatRun, chat: bool, timing: Timing, after: Callable[[], Awaitable[None]]) -> AsyncIterator[bytes]:
+    """A streamed reply: a line per piece, then the last with ``done`` and the stats; an
+    ``error`` line when the engine fails. ``after`` runs when it ends (keep_alive 0)."""
+
+    def line(obj: dict[str, Any]) -> bytes:
+        return json.dumps({"model": model, "created_at": now_iso(), **obj}, ensure_ascii=False).encode() + b"\n"
+
+    last = Delta("")
+    calls = 0
+    try:
+        async for ev in stream_blocks(timing.tap(run.pieces)):
+            if isinstance(ev, Delta):
+                last = ev
+            elif isinstance(ev, Grew) and ev.block.kind != "call":
+                reasoning = ev.block.kind == "reasoning"
+                yield line({**content(chat, "" if reasoning else ev.text, ev.text if reasoning else ""), "done": False})
+            elif isinstance(ev, Closed) and ev.block.kind == "call" and chat:  # a call, once whole
+                body = content(chat, "", calls=[ev.block])
+                body["message"]["tool_calls"][0]["function"]["index"] = calls
+                calls += 1
+                yield line({**body, "done": False})
+        stats = timing.fields(last.usage or Usage())
+        yield line({**content(chat, ""), "done": True, "done_reason": done_reason(last.finish or "stop"), **stats})
+    except EngineUnavailable as exc:
+        yield json.dumps({"error": f"the engine failed: {exc}"}).encode() + b"\n"
+    finally:
+        await after()
+
+
+async def answer(request: Request, service: Service, run: ChatRun, chat: bool, timing: Timing,
+                 body: Generation) -> Response:  # fmt: skip
+    pool = pool_of(request)
+
+    async def after() -> None:
+        if body.unload_after():
+            await pool.unload_idle(service.model_id)
+
+    headers = {"x-strata-seed": str(run.seed)}
+    if body.stream:
+        return StreamingResponse(ndjson(service.model_id, run, chat, timing, after), media_type=NDJSON,
+                                 headers=headers)  # fmt: skip
+    try:
+        whole = await until_done(request, collect(timing.tap(run.pieces)), service.config.server.request_timeout or None)
+    except EngineUnavailable as exc:
+        raise engine_unavailable(exc) from None
+    finally:
+        await after()
+    if run.constraint is not None:
+        whole = reconciled(whole, run.constraint)
+    reply = {"model": service.model_id, "created_at": now_iso(),
+             **content(chat, whole.text, whole.reasoning, [b for b in blocks_of(whole) if b.kind == "call"] if chat else None),
+             "done": True, "done_reason": done_reason(whole.finish), **timing.fields(whole.usage)}  # fmt: skip
+    return JSONResponse(reply, headers=headers)
+
+
+def check_context(service: Service, options: Options | None) -> None:
+    n = options.num_ctx if options is not None else None
+    if n is not None and n > service.n_ctx:
+        raise ApiError(400, f"options.num_ctx = {n} is more than this server's context for the model "
+                       f"({service.n_ctx} tokens, the operator's n_ctx); send at most {service.n_ctx}",
+                       param="options.num_ctx", code="invalid_value")  # fmt: skip
+
+
+async def load_only(request: Request, body: Generation, chat: bool) -> Response:
+    """A request with nothing to generate loads the model (``keep_alive`` 0: unloads it)."""
+    pool = pool_of(request)
+    entry = entry_for(request, body.model)
+    if body.unload_after():
+        await pool.unload_idle(entry.spec.name)
+        reason = "unload"
+    else:
+        await pool.service(entry.spec.name)
+        reason = "load"
+    return JSONResponse({"model": entry.spec.name, "created_at": now_iso(), **content(chat, ""),
+                         "done": True, "done_reason": reason})  # fmt: skip
+
+
+@router.post("/api/chat", **route(ChatBody, "a chat reply (Ollama)", _DONE, stream=True))
+async def chat(request: Request) -> Response:
+    body = parse_request(ChatBody, await json_body(request))
+    if not body.messages:
+        return await load_only(request, body, chat=True)
+    req = body.chat_request()
+    service, load_ns = await service_named(request, body.model)
+    check_context(service, body.options)
+    timing = Timing(load_ns)
+    run = await service.start_chat(req, "messages", "options.num_predict", "format")
+    return await answer(request, service, run, True, timing, body)
+
+
+@router.post("/api/generate", **route(GenerateBody, "a generation (Ollama)", _DONE, stream=True))
+async def generate(request: Request) -> Response:
+    body = parse_request(GenerateBody, await json_body(request))
+    if not body.prompt and not body.system:
+        return await load_only(request, body, chat=False)
+    service, load_ns = await service_named(request, body.model)
+    check_context(service, body.options)
+    timing = Timing(load_ns)
+    if body.raw:
+        run = await raw_run(service, body.completion_request())
+    else:
+        run = await service.start_chat(body.chat_request(), "prompt", "options.num_predict", "format")
+    return await answer(request, service, run, False, timing, body)
+
+
+async def raw_run(service: Service, req: BaseRequest) -> ChatRun:
+    """``raw``: the prompt's text as it is, no chat template."""
+    service.ready()
+    prompt = await service.tokenize(str(getattr(req, "prompt", "")))
+    grammar, constraint = service.constrain(req, None)
+    seed = resolve_seed(req.seed)
+    max_new = service.check_lengths(prompt, req, "prompt", "options.num_predict")
+    opts = service.options(req, seed=seed, max_tokens=max_new, grammar=grammar)
+    return ChatRun(service.start_choice(prompt, opts, req.stop_list()), len(prompt), seed, constraint)
+
+
+# ---- embeddings --------------------------------------------------------------------------
+
+_EMBED = {"type": "object", "required": ["model", "embeddings"]}
+
+
+@router.post("/api/embed", **route(EmbedBody, "embeddings (Ollama)", _EMBED))
+async def embed(request: Request) -> dict[str, Any]:
+    body = parse_request(EmbedBody, await json_body(request))
+    service, load_ns = await service_named(request, body.model)
+    timing = Timing(load_ns)
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    vectors, n = await embeddings_of(request, service, texts, body.truncate)
+    if body.dimensions is not None and body.dimensions != len(vectors[0]):
+        raise ApiError(400, f"this model's embeddings have {len(vectors[0])} dimensions and cannot be shortened; "
+                       "leave dimensions out", param="dimensions", code="unsupported_value")  # fmt: skip
+    stats = timing.fields(Usage(prompt=n))
+    return {"model": service.model_id, "embeddings": [normalized(v).tolist() for v in vectors],
+            "total_duration": stats["total_duration"], "load_duration": load_ns, "prompt_eval_count": n}  # fmt: skip
+
+
+@router.post("/api/embeddings", **route(EmbeddingsBody, "an embedding (Ollama's older route)",
+                                        {"type": "object", "required": ["embedding"]}))  # fmt: skip
+async def embeddings(request: Request) -> dict[str, Any]:
+    body = parse_request(EmbeddingsBody, await json_body(request))
+    service, _ = await service_named(request, body.model)
+    vectors, _n = await embeddings_of(request, service, [body.prompt], truncate=True)
+    return {"embedding": list(vectors[0])}  # as the model gives it, not normalised (as Ollama's)
+
+
+async def embeddings_of(request: Request, service: Service, texts: list[str], truncate: bool) -> tuple[list[Any], int]:
+    """Each text's vector (not normalised) and the tokens embedded; ``truncate``: a text
+    longer than the engine embeds at once is cut, else refused."""
+    service.ready()
+    if "embeddings" not in service.engine.info.get("capabilities", ()):
+        raise ApiError(400, "this model gives no embeddings", param="model", code="unsupported_value")
+    if not all(texts):
+        raise ApiError(400, "input strings must not be empty", param="input", code="invalid_value")
+    if truncate:
+        limit = int(service.engine.info["embeddings"]["max_tokens"])
+        inputs = [(await with_specials(service, t))[:limit] for t in texts]
+    else:
+        inputs = await token_inputs(service, texts)
+    timeout = service.config.server.request_timeout or None
+
+    async def each() -> list[Any]:
+        return [await service.engine.embed(ids) for ids in inputs]  # one at a time, as embed_all
+
+    try:
+        vectors = await until_done(request, each(), timeout)
+    except EngineUnavailable as exc:
+        raise engine_unavailable(exc) from None
+    return vectors, sum(map(len, inputs))
+
+
+# ---- models ------------------------------------------------------------------------------
+
+
+def parameter_size(n: int | None) -> str:
+    if not n:
+        return ""
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+def model_row(name: str, path: Path) -> dict[str, Any]:
+    """A model as /api/tags and /api/ps list it."""
+    facts = catalog.facts_or_none(path)
+    stat = path.stat()
+    blob = path.resolve().name
+    digest = blob if len(blob) == 64 else hashlib.sha256(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+    details = {"parent_model": "", "format": "gguf", "family": facts.architecture or "",
+               "families": [facts.architecture] if facts.architecture else [],
+               "parameter_size": parameter_size(facts.parameters), "quantization_level": facts.file_type or ""}  # fmt: skip
+    modified = datetime.fromtimestamp(stat.st_mtime, timezone.utc).isoformat().replace("+00:00", "Z")
+    return {"name": name, "model": name, "modified_at": modified, "size": stat.st_size, "digest": digest,
+            "details": details}  # fmt: skip
+
+
+_LIST = {"type": "object", "required": ["models"]}
+
+
+@router.get("/api/tags", **route(None, "the models this server serves (Ollama)", _LIST))
+async def tags(request: Request) -> dict[str, Any]:
+    pool = pool_of(request)
+    pool.names()  # the catalog refreshed
+    return {"models": [model_row(name, m.spec.path) for name, m in pool.models.items()]}
+
+
+@router.get("/api/ps", **route(None, "the models loaded now (Ollama)", _LIST))
+async def ps(request: Request) -> dict[str, Any]:
+    pool = pool_of(request)
+    rows = []
+    for name, m in pool.models.items():
+        if m.service is None:
+            continue
+        ttl = pool.idle_ttl_s
+        expires = datetime.now(timezone.utc) + timedelta(seconds=ttl if ttl else 365 * 86400)
+        rows.append({**model_row(name, m.spec.path), "expires_at": expires.isoformat().replace("+00:00", "Z"),
+                     "size_vram": 0, "context_length": m.service.n_ctx})  # fmt: skip
+    return {"models": rows}
+
+
+@router.get("/api/version", **route(None, "the Ollama API version followed", {"type": "object", "required": ["version"]}))
+async def version() -> dict[str, str]:
+    return {"version": OLLAMA_VERSION}
+
+
+@router.post("/api/show", **route(NameBody, "a model's details (Ollama)", {"type": "object", "required": ["details"]}))
+async def show(request: Request) -> dict[str, Any]:
+    body = parse_request(NameBody, await json_body(request))
+    entry = entry_for(request, body.model_name)
+    spec = entry.spec
+    facts = catalog.facts_or_none(spec.path)
+    template = spec.chat_template or facts.chat_template or ""
+    row = model_row(spec.name, spec.path)
+    arch = facts.architecture or ""
+    info: dict[str, Any] = {"general.architecture": arch, "general.parameter_count": facts.parameters}
+    if facts.context_length:
+        info[f"{arch}.context_length"] = facts.context_length
+    capabilities = ["completion"]
+    if template and ("tools" in template or spec.config.tools.generic):
+        capabilities.append("tools")
+    if "<think>" in template or "enable_thinking" in template:
+        capabilities.append("thinking")
+    return {"modelfile": f"FROM {spec.path}\n", "parameters": "", "template": template, "details": row["details"],
+            "model_info": info, "capabilities": capabilities, "modified_at": row["modified_at"]}  # fmt: skip
+
+
+@router.delete("/api/delete", **route(NameBody, "the model's files removed (Ollama)", {"type": "object"}))
+async def delete(request: Request) -> dict[str, Any]:
+    body = parse_request(NameBody, await json_body(request))
+    local = catalog.find(body.model_name)
+    if local is None:
+        raise ApiError(404, f"model {body.model_name!r} not found among the local models (the hub's cache)",
+                       param="model", code="model_not_found")  # fmt: skip
+    await pool_of(request).drop(local.name)
+    catalog.remove(local)
+    return {}
+
+
+@router.post("/api/pull", **route(NameBody, "the pull's progress (Ollama)", {"type": "object", "required": ["status"]}, stream=True))
+async def pull(request: Request) -> Response:
+    body = parse_request(NameBody, await json_body(request))
+    repo, quant = catalog.normalize(body.model_name)
+    try:
+        ref = hub.parse_ref(f"hf:{repo}" + (f":{quant}" if quant else ""))
+    except ModelError as exc:
+        raise ApiError(400, str(exc), param="model", code="invalid_value") from None
+    events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+
+    def progress(f: hub.HubFile, done: int, total: int | None) -> None:
+        digest = f"sha256:{f.sha256}" if f.sha256 else f.name
+        loop.call_soon_threadsafe(events.put_nowait, {"status": f"pulling {f.name}", "digest": digest,
+                                                      "total": total or f.size or 0, "completed": done})  # fmt: skip
+
+    async def work() -> hub.Pulled:
+        try:
+            return await asyncio.to_thread(hub.pull, ref, progress, False)
+        finally:
+            events.put_nowait(None)
+
+    task = asyncio.ensure_future(work())
+    pool = pool_of(request)
+    if not body.stream:
+        while await events.get() is not None:
+            pass
+        await finished_pull(task, pool)
+        return JSONResponse({"status": "success"})
+
+    async def lines() -> AsyncIterator[bytes]:
+        yield b'{"status":"pulling manifest"}\n'
+        while (ev := await events.get()) is not None:
+            yield json.dumps(ev).encode() + b"\n"
+        try:
+            await finished_pull(task, pool)
+        except ApiError as exc:
+            yield json.dumps({"error": exc.message}).encode() + b"\n"
+            return
+        yield b'{"status":"verifying sha256 digest"}\n{"status":"success"}\n'
+
+    return StreamingResponse(lines(), media_type=NDJSON)
+
+
+async def finished_pull(task: asyncio.Future[hub.Pulled], pool: ModelPool) -> None:
+    """The pull's end: the catalog refreshed, or its error as Ollama's."""
+    try:
+        await task
+    except hub.NotOnHub as exc:
+        raise ApiError(404, str(exc), param="model", code="model_not_found") from None
+    except hub.HubUnreachable as exc:
+        raise ApiError(502, str(exc), type="server_error", code="hub_unreachable") from None
+    except ModelError as exc:  # what the hub sent was refused (a sha256 that differs, a name outside the repo)
+        raise ApiError(502, str(exc), type="server_error", code="pull_failed") from None
+    pool.refresh()
+
+
+@router.get("/", response_class=PlainTextResponse, include_in_schema=False)
+async def root() -> str:
+    return "Ollama is running"  # what Ollama's clients look for at the root
