@@ -1,0 +1,102 @@
+"""A reply's tool calls read in its family's format (tool_formats.py), incrementally.
+
+Rules (tests/test_tool_formats.py checks them on every template of the corpus, at every
+chunk boundary):
+
+* Content streams as it comes until a marker where calls may begin; a tail that could be
+  the start of a marker is held until it is decided.
+* At a marker the calls block is read whole: each call becomes a first delta carrying
+  index, id, type and name, then one carrying its arguments (JSON text).
+* A marker whose text turns out not to be calls is content, unchanged; markup the family
+  writes that is neither (``strip``) makes no text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from strata_core.text.detokenize import held_prefix
+from strata_core.text.tool_formats import ToolFormat, as_json, props_of
+from strata_core.text.tool_syntax import PARTIAL, Read
+from strata_core.text.tools import CallDelta, Event, ToolCall, merged_events, new_call_id
+
+
+def _earliest(text: str, marks: Sequence[str]) -> tuple[int, str] | None:
+    """The first marker in ``text`` (the longest where two begin at one place)."""
+    best: tuple[int, str] | None = None
+    for m in marks:
+        at = text.find(m)
+        if at >= 0 and (best is None or at < best[0] or (at == best[0] and len(m) > len(best[1]))):
+            best = (at, m)
+    return best
+
+
+class FormatParser:
+    """``push(text)`` returns the events now decided; ``flush()`` the rest at the end;
+    ``calls`` the calls read so far."""
+
+    def __init__(
+        self,
+        fmt: ToolFormat,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        new_id: Callable[[], str] = new_call_id,
+    ) -> None:
+        self.format = fmt
+        self._props = props_of(tools)
+        self._new_id = new_id
+        self._marks = fmt.markers()
+        self._buf = ""
+        self.calls: list[ToolCall] = []
+        self.spans: list[tuple[int, int]] = []  # where each calls block was, in the text pushed
+        self._at = 0  # offset of _buf[0] in the text pushed
+
+    def push(self, text: str) -> list[Event]:
+        self._buf += text
+        return merged_events(self._scan(final=False))
+
+    def flush(self) -> list[Event]:
+        out = self._scan(final=True)
+        if self._buf:
+            out.append(self._buf)
+            self._cut(len(self._buf))
+        return merged_events(out)
+
+    def _cut(self, n: int) -> str:
+        part, self._buf = self._buf[:n], self._buf[n:]
+        self._at += n
+        return part
+
+    def _scan(self, final: bool) -> list[Event]:
+        out: list[Event] = []
+        while self._buf:
+            hit = _earliest(self._buf, self._marks + self.format.strip)
+            if hit is None:
+                hold = 0 if final else max(held_prefix(self._buf, m) for m in self._marks + self.format.strip)
+                out.append(self._cut(len(self._buf) - hold))
+                break
+            at, mark = hit
+            out.append(self._cut(at))
+            if mark in self.format.strip and mark not in self._marks:
+                self._cut(len(mark))
+                continue
+            got = self.format.read_turn(self._buf, 0, final, self._props)
+            if got == PARTIAL:
+                break
+            if isinstance(got, str):  # not calls after all: the marker is content
+                out.append(self._cut(len(mark)))
+                continue
+            start = self._at
+            self._cut(got[-1].end)
+            self.spans.append((start, self._at))
+            self._emit(got, out)
+        return out
+
+    def _emit(self, reads: list[Read], out: list[Event]) -> None:
+        for r in reads:
+            for name, args in r.calls:
+                call = ToolCall(r.id or self._new_id(), name, as_json(args))
+                index = len(self.calls)
+                self.calls.append(call)
+                out.append(CallDelta(index, "", call.id, call.name))
+                out.append(CallDelta(index, call.arguments))
