@@ -66,6 +66,7 @@ class ToolFormat:
     flexible: bool = False  # the family's JSON is indented
     dialect: Dialect | None = None  # streamed by tools.py's incremental JSON parser
     hints: tuple[str, ...] = ()  # text of templates that never write calls themselves
+    bare: bool = False  # the generation prompt wrote the call's marker: a reply may open with a call
 
     # ---- reading ----
 
@@ -237,7 +238,7 @@ FORMATS: tuple[ToolFormat, ...] = (
                open="<|START_ACTION|>", close="<|END_ACTION|>", think=("<|START_THINKING|>", "<|END_THINKING|>")),
     ToolFormat("command-r", (
         Lit("Action:"), Lit("\n```json\n"), Json("calls", ("tool_name", "parameters"), indent=4), Lit("```"),
-    ), flexible=True),  # fmt: skip
+    ), flexible=True, strip=("<|CHATBOT_TOKEN|>",)),  # fmt: skip
     ToolFormat("gpt-oss", (
         Lit(" to=functions."), Name(("<|channel|>", " ", "<|constrain|>", "<|message|>")),
         Skip(("<|message|>",), "<|channel|>commentary json"), Lit("<|message|>"), Json(), Opt((Lit("<|call|>"),)),
@@ -260,7 +261,8 @@ FORMATS: tuple[ToolFormat, ...] = (
         Lit("<tool_call|>"),
     ), think=("<|channel>thought", "<channel|>")),  # fmt: skip
     ToolFormat("functionary-v3.1", (Lit("<function="), Name((">",)), Lit(">"), Json(), Lit("</function>"))),
-    ToolFormat("functionary-v3.2", (Lit(">>>"), Name(("\n",)), Lit("\n"), Json()), strip=(">>>all\n",), sep="\n"),
+    ToolFormat("functionary-v3.2", (Opt((Lit(">>>"),)), Name(("\n",)), Lit("\n"), Json()), starts=(">>>",),
+               strip=(">>>all\n",), sep="\n", bare=True),
     ToolFormat("hermes", (Lit("<tool_call>\n"), Json("call"), Lit("\n</tool_call>")), sep="\n", dialect=Dialect.HERMES),
     ToolFormat("json-tags", (Json("calls"),), open="<tool_calls>", close="</tool_calls>"),
     ToolFormat("nemotron-v2", (Json("calls"),), open="<TOOLCALL>", close="</TOOLCALL>"),

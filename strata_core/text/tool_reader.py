@@ -19,7 +19,7 @@ from typing import Any
 from strata_core.text.detokenize import held_prefix
 from strata_core.text.tool_formats import ToolFormat, as_json, props_of
 from strata_core.text.tool_syntax import PARTIAL, Read
-from strata_core.text.tools import CallDelta, Event, ToolCall, merged_events, new_call_id
+from strata_core.text.tools import CallDelta, Event, ToolCall, ToolCallParser, merged_events, new_call_id
 
 
 def _earliest(text: str, marks: Sequence[str]) -> tuple[int, str] | None:
@@ -50,6 +50,7 @@ class FormatParser:
         self.calls: list[ToolCall] = []
         self.spans: list[tuple[int, int]] = []  # where each calls block was, in the text pushed
         self._at = 0  # offset of _buf[0] in the text pushed
+        self._fresh = fmt.bare  # at the reply's start, where a bare call may begin
 
     def push(self, text: str) -> list[Event]:
         self._buf += text
@@ -69,6 +70,13 @@ class FormatParser:
 
     def _scan(self, final: bool) -> list[Event]:
         out: list[Event] = []
+        if self._fresh:
+            got = self.format.read_turn(self._buf, 0, final, self._props)
+            if got == PARTIAL:
+                return out
+            self._fresh = False
+            if not isinstance(got, str):
+                self._take(got, out)
         while self._buf:
             hit = _earliest(self._buf, self._marks + self.format.strip)
             if hit is None:
@@ -86,11 +94,14 @@ class FormatParser:
             if isinstance(got, str):  # not calls after all: the marker is content
                 out.append(self._cut(len(mark)))
                 continue
-            start = self._at
-            self._cut(got[-1].end)
-            self.spans.append((start, self._at))
-            self._emit(got, out)
+            self._take(got, out)
         return out
+
+    def _take(self, reads: list[Read], out: list[Event]) -> None:
+        start = self._at
+        self._cut(reads[-1].end)
+        self.spans.append((start, self._at))
+        self._emit(reads, out)
 
     def _emit(self, reads: list[Read], out: list[Event]) -> None:
         for r in reads:
@@ -100,3 +111,13 @@ class FormatParser:
                 self.calls.append(call)
                 out.append(CallDelta(index, "", call.id, call.name))
                 out.append(CallDelta(index, call.arguments))
+
+
+def reply_parser(
+    fmt: ToolFormat, tools: Sequence[Mapping[str, Any]] | None = None, new_id: Callable[[], str] = new_call_id
+) -> FormatParser | ToolCallParser:
+    """The parser of a reply in ``fmt``: the JSON families stream their arguments as they
+    come (tools.py), the rest read each call whole."""
+    if fmt.dialect is not None:
+        return ToolCallParser(fmt.dialect, new_id)
+    return FormatParser(fmt, tools, new_id)

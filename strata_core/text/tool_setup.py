@@ -141,6 +141,9 @@ def turn_text(template: ChatTemplate, turn: list[dict[str, Any]], tools: list[An
     n = 0
     while n < min(len(before), len(after)) and before[n] == after[n]:
         n += 1
+    if n < len(before):  # the two part inside a marker (<think> / </think>): from its start
+        while n > 0 and after[n - 1] not in ">]}\n\t ":
+            n -= 1
     return after[n:]
 
 
@@ -153,7 +156,7 @@ def _reads(fmt: ToolFormat, text: str, calls: list[tuple[str, Any]]) -> bool:
     if [(c.name, json.loads(c.arguments)) for c in p.calls] != calls or not p.spans:
         return False
     before = text[: p.spans[0][0]]
-    for tag in (*fmt.think, "<think>", "</think>"):
+    for tag in (*fmt.think, "<think>", "</think>", *fmt.strip):
         before = before.replace(tag, "")
     return not before.strip()
 
