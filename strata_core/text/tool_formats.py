@@ -25,6 +25,7 @@ from strata_core.text.tool_notations import (
     gemma_decode,
     gemma_encode,
     gemma_grammar,
+    python_call_end,
     python_decode,
     python_encode,
     python_grammar,
@@ -32,6 +33,7 @@ from strata_core.text.tool_notations import (
 from strata_core.text.tool_syntax import (
     FAIL,
     PARTIAL,
+    WS,
     Id,
     Json,
     Lit,
@@ -43,7 +45,7 @@ from strata_core.text.tool_syntax import (
     Read,
     Skip,
     Written,
-    lark_str,
+    lit_rule,
     read_parts,
     rule_of,
     write_parts,
@@ -128,17 +130,27 @@ class ToolFormat:
     def grammar(self, tools: Sequence[Mapping[str, Any]], parallel: bool = True) -> str:
         """A Lark grammar (llguidance's) whose sentences are a turn of calls to ``tools``
         (one call unless ``parallel``), written as this family writes them."""
+        listed = next((i for i, p in enumerate(self.call) if isinstance(p, Json) and p.what == "calls"), None)
+        call, before, after, sep = self.call, "", "", lit_rule(self.sep) if self.sep.strip() else ""
+        if listed is not None:  # the calls are items of one JSON list
+            call, before = self.call[listed : listed + 1], rule_of(self.call[:listed], "", None)
+            after = rule_of(self.call[listed + 1 :], "", None)
+            before, after, sep = f'{before} {WS} ("[" items {WS} "]" | bare) {after}', "", f'{WS} ","'
         alts = []
         for i, tool in enumerate(tools):
             fn = tool["function"]
-            alts.append(f"call{i}: {rule_of(self.call, fn['name'], fn.get('parameters'), self.flexible)}")
+            alts.append(f"call{i}: {rule_of(call, fn['name'], fn.get('parameters'), self.flexible)}")
         calls = " | ".join(f"call{i}" for i in range(len(tools)))
-        sep = f"{lark_str(self.sep)} " if self.sep else ""
-        body = f"call ({sep}call)*" if parallel else "call"
-        head = f"{lark_str(self.open.strip())} " if self.open.strip() else ""
-        tail = f" {lark_str(self.close.strip())}" if self.close.strip() else ""
-        lines = [f"start: {head}{body}{tail}", f"call: {calls}", *alts]
-        return "\n".join(lines) + "\n"
+        body = f"call ({sep} {WS} call)*" if parallel else "call"
+        head = lit_rule(self.open) if self.open.strip() else ""
+        tail = lit_rule(self.close) if self.close.strip() else ""
+        if listed is not None:  # a list of the calls, or (MiniMax M1) the objects one after another
+            bare = "call (call)*" if parallel else "call"
+            lines = [f"start: {head} {before} {tail}", f"items: {body}", f"bare: {bare}"]
+        else:
+            lines = [f"start: {head} {body} {tail}"]
+        lines += [f"call: {calls}", *alts]
+        return "\n".join(" ".join(line.split(" ")) for line in lines) + "\n"
 
 
 _QWEN_PARAMS = Params(
@@ -220,7 +232,7 @@ FORMATS: tuple[ToolFormat, ...] = (
         Lit("<|tool_call_argument_begin|>"), Json(), Lit("<|tool_call_end|>"),
     ), open="<|tool_calls_section_begin|>", close="<|tool_calls_section_end|>"),  # fmt: skip
     ToolFormat("kimi-k3", (
-        Lit('<|open|>call tool="'), Name(('"',)), Lit('" index="'), Skip(('"<|sep|>',), "1"), Lit('"<|sep|>'),
+        Lit('<|open|>call tool="'), Name(('"',)), Lit('" index="'), Skip(('"<|sep|>',), "1", "[0-9]{1,2}"), Lit('"<|sep|>'),
         Params("<|close|>call<|sep|>", '<|open|>argument key="{key}" type="{string}"<|sep|>{value}<|close|>argument<|sep|>',
                r'<\|open\|>argument key="(?P<key>[^"]+)" type="(?P<string>[a-z]*)"<\|sep\|>(?P<value>.*?)<\|close\|>argument<\|sep\|>',
                words=("string", "number")),
@@ -252,10 +264,9 @@ FORMATS: tuple[ToolFormat, ...] = (
         Lit("<|tool_call:begin|>"), Id(("<|tool_call:name|>",)), Lit("<|tool_call:name|>"),
         Name(("<|tool_call:args|>",)), Lit("<|tool_call:args|>"), Json(), Lit("<|tool_call:end|>"),
     ), open="<|tool_calls|>", close="<|calls|>"),  # fmt: skip
-    ToolFormat("lfm2", (
-        Lit("<|tool_call_start|>"), Raw("<|tool_call_end|>", python_decode, python_encode, python_grammar),
-        Lit("<|tool_call_end|>"),
-    ), hints=("<|tool_list_start|>", "List of tools: [")),  # fmt: skip
+    ToolFormat("lfm2", (Raw("", python_decode, python_encode, python_grammar, python_call_end),),
+               open="<|tool_call_start|>[", close="]<|tool_call_end|>", sep=", ",
+               hints=("<|tool_list_start|>", "List of tools: [")),  # fmt: skip
     ToolFormat("gemma4", (
         Lit("<|tool_call>call:"), Name(("{",)), Raw("<tool_call|>", gemma_decode, gemma_encode, gemma_grammar),
         Lit("<tool_call|>"),

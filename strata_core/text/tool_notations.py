@@ -46,13 +46,50 @@ def python_decode(body: str, name: str | None) -> list[tuple[str, Any]] | None:
 
 def python_encode(c: Written) -> str:
     args = ", ".join(f"{k}={v!r}" for k, v in (c.arguments or {}).items())
-    return f"[{c.name}({args})]"
+    return f"{c.name}({args})"
 
 
-def _required(schema: Any) -> list[tuple[str, Any]]:
+def python_call_end(text: str, at: int) -> int | None:
+    """Where the call ``name(...)`` at ``text[at]`` ends (after its ``)``); None if not yet.
+    Brackets inside quoted strings do not count."""
+    depth, quote, esc = 0, "", False
+    for i in range(at, len(text)):
+        ch = text[i]
+        if quote:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+            if depth < 0:
+                return -1
+    return None
+
+
+def _items(schema: Any, item: Any, sep: str) -> str:
+    """The arguments of one tool as a grammar says them, in the schema's order, each
+    ``item(key, prop)``, joined by ``sep``: the required ones always, the others optional."""
     props = (schema or {}).get("properties") or {}
-    required = (schema or {}).get("required") or []
-    return [(k, props[k]) for k in required if k in props]
+    required = set((schema or {}).get("required") or ())
+    out = ""
+    for key, prop in props.items():
+        one = item(key, prop)
+        if not out:
+            out = one if key in required else f"({one})?"
+        elif key in required:
+            out += f" {lark_str(sep)} {one}"
+        else:
+            out += f" ({lark_str(sep)} {one})?"
+    return out or '""'
 
 
 def _json_value(prop: Any) -> str:
@@ -62,8 +99,14 @@ def _json_value(prop: Any) -> str:
 
 
 def python_grammar(name: str, schema: Any) -> str:
-    args = ' ", " '.join(f"{lark_str(k + '=')} {_json_value(p)}" for k, p in _required(schema))
-    return f'"[" {lark_str(name)} "(" {args or chr(34) * 2} ")]"'
+    args = _items(schema, lambda k, p: f"{lark_str(k + '=')} {_python_value(p)}", ", ")
+    return f'{lark_str(name)} "(" {args} ")"'
+
+
+def _python_value(prop: Any) -> str:
+    if prop.get("type") == "string":  # as Python writes it (the template's repr)
+        return "\"'\" /[^'\\\\\\n]{1,200}/ \"'\""
+    return _json_value(prop)
 
 
 # ---- Gemma 4 ---------------------------------------------------------------------------------
@@ -99,11 +142,9 @@ def gemma_encode(c: Written) -> str:
 
 
 def gemma_grammar(name: str, schema: Any) -> str:
-    items = []
-    for key, prop in _required(schema):
+    def item(key: str, prop: Any) -> str:
         if prop.get("type") == "string":
-            value = f'{lark_str(QUOTE)} /[^<\\n]{{1,200}}/ {lark_str(QUOTE)}'
-        else:
-            value = _json_value(prop)
-        items.append(f"{lark_str(key + ':')} {value}")
-    return '"{" ' + ' "," '.join(items) + ' "}"'
+            return f"{lark_str(key + ':')} {lark_str(QUOTE)} /[^<\\n]{{1,200}}/ {lark_str(QUOTE)}"
+        return f"{lark_str(key + ':')} {_json_value(prop)}"
+
+    return '"{" ' + _items(schema, item, ",") + ' "}"'

@@ -19,7 +19,14 @@ from typing import Any
 from strata_core.text.detokenize import held_prefix
 from strata_core.text.tool_formats import ToolFormat, as_json, props_of
 from strata_core.text.tool_syntax import PARTIAL, Read
-from strata_core.text.tools import CallDelta, Event, ToolCall, ToolCallParser, merged_events, new_call_id
+from strata_core.text.tools import (
+    CallDelta,
+    Event,
+    ToolCall,
+    ToolCallParser,
+    merged_events,
+    new_call_id,
+)
 
 
 def _earliest(text: str, marks: Sequence[str]) -> tuple[int, str] | None:

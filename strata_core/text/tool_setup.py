@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 PROBE_NAME = "get_weather"
 PROBE_ARGS = {"city": "Paris", "days": 2}
-PROBE_TOOL = {
+PROBE_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": PROBE_NAME,

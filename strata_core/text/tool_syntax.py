@@ -64,7 +64,14 @@ def lark_str(text: str) -> str:
 
 #: Whitespace a grammar lets the model write before a marker: bounded, so that a small
 #: model cannot pad forever.
-WS = "/[ \\t\\r\\n]{0,4}/"
+WS = "/[ \\t\\r\\n]{0,8}/"
+
+
+def lit_rule(text: str) -> str:
+    """A marker as a grammar says it: where the family may put whitespace (at its ends,
+    inside it, between two tags) any little is allowed."""
+    pieces = [p for p in re.split(r"\s+|(?<=>)(?=<)", text) if p]
+    return " ".join(f"{WS} {lark_str(p)}" for p in pieces) if pieces else '""'
 
 
 @dataclass(frozen=True)
@@ -83,8 +90,7 @@ class Lit:
         return self.text
 
     def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
-        want = self.text.strip()
-        return f"{WS} {lark_str(want)}" if want else '""'
+        return lit_rule(self.text)
 
 
 def _until(text: str, at: int, stops: Sequence[str], final: bool) -> tuple[int, int] | str:
@@ -163,6 +169,7 @@ class Skip:
 
     stops: tuple[str, ...]
     written: str = ""
+    regex: str = ""  # what a grammar lets the model write there (else ``written``)
 
     def read(self, text: str, at: int, r: Read, final: bool) -> int | str:
         hit = _until(text, at, self.stops, final)
@@ -172,7 +179,7 @@ class Skip:
         return self.written
 
     def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
-        return lark_str(self.written) if self.written else '""'
+        return f"/{self.regex}/" if self.regex else lit_rule(self.written)
 
 
 @dataclass(frozen=True)
@@ -193,7 +200,7 @@ class Opt:
         return write_parts(self.parts, c, tools)
 
     def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
-        return '""'  # the grammar writes the short form
+        return f"({' '.join(p.rule(name, schema, style) for p in self.parts)})?"
 
 
 def json_end(text: str, at: int) -> int | None:
@@ -231,7 +238,7 @@ def call_of(obj: Any) -> tuple[str, Any] | None:
         return None
     for key in NAME_KEYS:
         if isinstance(obj.get(key), str):
-            args = next((obj[k] for k in ARGS_KEYS if k in obj), {})
+            args: Any = next((obj[k] for k in ARGS_KEYS if k in obj), {})
             if isinstance(args, str):
                 try:
                     args = json.loads(args)
@@ -304,7 +311,7 @@ class Json:
             props |= {k: {"type": "string"} for k in self.trail}
             params = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
         value = "%json " + json.dumps({**params, "x-guidance": style}, ensure_ascii=False)
-        return f"{WS} {value}" if self.what != "calls" else f'{WS} "[" {WS} {value} {WS} "]"'
+        return f"{WS} {value}"  # a list of calls: the format's grammar says the list
 
 
 def _value(raw: str, prop: Mapping[str, Any] | None, as_string: bool | None) -> Any:
@@ -373,7 +380,7 @@ class Params:
                 value = f"/[^{stop}\\n]{{1,200}}/"
             else:
                 value = "%json " + json.dumps({**prop, "x-guidance": style}, ensure_ascii=False)
-            item = f"({WS} {lark_str(h.strip())} {lark_str(chr(10)) + '? ' if self.trim else ''}{value} {WS} {lark_str(t.strip())})"
+            item = f"({lit_rule(h)} {lark_str(chr(10)) + '? ' if self.trim else ''}{value} {lit_rule(t)})"
             items.append(item if key in required else item + "?")
         return " ".join(items) or '""'
 
@@ -388,9 +395,15 @@ class Raw:
     decode: Callable[[str, str | None], list[tuple[str, Any]] | None]
     encode: Callable[[Written], str]
     grammar: Callable[[str, Any], str]
+    scan: Callable[[str, int], int | None] | None = None  # where it ends (None: not yet), else at ``end``
 
     def read(self, text: str, at: int, r: Read, final: bool) -> int | str:
-        hit = text.find(self.end, at)
+        if self.scan is not None:
+            at = _ws(text, at)
+            found = self.scan(text, at)
+            hit = found if found is not None else -1
+        else:
+            hit = text.find(self.end, at)
         if hit < 0:
             if not final:
                 return PARTIAL
@@ -425,5 +438,5 @@ def write_parts(parts: Sequence[Part], c: Written, tools: Mapping[str, Any]) -> 
 
 
 def rule_of(parts: Sequence[Part], name: str, schema: Any, flexible: bool = False) -> str:
-    style = {**JSON_STYLE, "whitespace_flexible": flexible}
+    style = {"whitespace_flexible": True} if flexible else JSON_STYLE
     return " ".join(r for r in (p.rule(name, schema, style) for p in parts) if r != '""') or '""'
