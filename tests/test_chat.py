@@ -252,13 +252,14 @@ LLAMA3_STYLE = (
 )
 
 
-def test_tool_dialect_is_read_from_the_template(smollm2: ChatTemplate) -> None:
-    from strata_core.text.tools import Dialect
-
-    assert smollm2.tool_dialect is None  # SmolLM2's template never shows tools
-    assert ChatTemplate(FALLBACK_TEMPLATE).tool_dialect is None
-    assert ChatTemplate(QWEN_STYLE + "<tool_call>").tool_dialect is Dialect.HERMES
-    assert ChatTemplate(LLAMA3_STYLE).tool_dialect is Dialect.LLAMA3
+def test_tool_format_is_read_from_the_template(smollm2: ChatTemplate) -> None:
+    assert smollm2.tool_setup is None  # SmolLM2's template never shows tools
+    assert ChatTemplate(FALLBACK_TEMPLATE).tool_setup is None
+    hermes = ChatTemplate(QWEN_STYLE + "<tool_call>").tool_setup
+    # it renders no calls itself: they are written into the assistant's content
+    assert hermes is not None and hermes.format.name == "hermes" and hermes.calls_in_content
+    llama3 = ChatTemplate(LLAMA3_STYLE).tool_setup
+    assert llama3 is not None and llama3.format.name == "llama3" and not llama3.calls_in_content
 
 
 def test_a_tool_round_trip_renders_as_hf_does() -> None:

@@ -24,7 +24,7 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import SandboxedEnvironment
 
-from strata_core.text.tools import Dialect, detect_dialect
+from strata_core.text.tool_setup import ToolSetup, probe
 
 # Used when a GGUF carries no ``tokenizer.chat_template``: ChatML, the template transformers
 # used as its class-level default, and the format most small instruct models are tuned on.
@@ -112,9 +112,10 @@ class ChatTemplate:
             )
 
     @functools.cached_property
-    def tool_dialect(self) -> Dialect | None:
-        """How this template's model calls tools; None when the template shows no tools."""
-        return detect_dialect(self.source)
+    def tool_setup(self) -> ToolSetup | None:
+        """How this template's model calls tools and what history the template reads
+        (tool_setup.py); None when it shows no tools or writes calls in no derivable way."""
+        return probe(self)
 
     def render(
         self,

@@ -19,7 +19,7 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from strata_core.text.grammars import JSON_STYLE
 
@@ -421,7 +421,7 @@ class Raw:
         return self.grammar(name, schema)
 
 
-Part = Union[Lit, Name, Id, Skip, Opt, Json, Params, Raw]
+Part = Lit | Name | Id | Skip | Opt | Json | Params | Raw
 
 
 def read_parts(parts: Sequence[Part], text: str, at: int, r: Read, final: bool) -> int | str:
