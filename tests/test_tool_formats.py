@@ -180,3 +180,25 @@ def test_the_grammar_accepts_the_templates_rendering(name: str, tokenizer: Any) 
     named = grammar_of(setup.format, [WEATHER], parallel=False)
     assert accepts(tokenizer, named, calls_block(setup, one)), f"{name}:\n{named}"
     assert not accepts(tokenizer, grammar_of(setup.format, [TIME], parallel=False), calls_block(setup, one))
+
+
+def test_a_call_block_cut_short_after_calls_makes_no_content() -> None:
+    """A reply of calls that ran out of tokens mid-call: the calls stand, the fragment is
+    no content (it is markup); before any call, such text stays content."""
+    _, setup = setup_of("Qwen3-Coder.jinja")
+    one = '<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>'
+    cut = "\n<tool_call>\n<function=get_time>\n<parameter=zo"
+    content, calls, _ = parse(setup.format, one + cut, [len(one) + 5])
+    assert calls == [("get_time", {"zone": "UTC"})] and content == "\n"
+    content, calls, _ = parse(setup.format, "Maybe " + cut, [])
+    assert calls == [] and content == "Maybe " + cut
+
+
+def test_a_forced_turn_makes_at_most_max_calls(tokenizer: Any) -> None:
+    from strata_core.text.tool_formats import MAX_CALLS
+
+    _, setup = setup_of("Qwen3-Coder.jinja")
+    one = '<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>'
+    g = setup.format.grammar(TOOLS)
+    assert accepts(tokenizer, g, "\n".join([one] * MAX_CALLS))
+    assert not accepts(tokenizer, g, "\n".join([one] * (MAX_CALLS + 1)))

@@ -7,8 +7,9 @@ chunk boundary):
   the start of a marker is held until it is decided.
 * At a marker the calls block is read whole: each call becomes a first delta carrying
   index, id, type and name, then one carrying its arguments (JSON text).
-* A marker whose text turns out not to be calls is content, unchanged; markup the family
-  writes that is neither (``strip``) makes no text.
+* A marker whose text turns out not to be calls is content, unchanged, except a calls block
+  cut short at the end of a reply that already made calls; markup the family writes that
+  is neither (``strip``) makes no text.
 """
 
 from __future__ import annotations
@@ -66,8 +67,7 @@ class FormatParser:
     def flush(self) -> list[Event]:
         out = self._scan(final=True)
         if self._buf:
-            out.append(self._buf)
-            self._cut(len(self._buf))
+            out.append(self._cut(len(self._buf)))
         return merged_events(out)
 
     def _cut(self, n: int) -> str:
@@ -97,6 +97,9 @@ class FormatParser:
                 continue
             got = self.format.read_turn(self._buf, 0, final, self._props)
             if got == PARTIAL:
+                break
+            if isinstance(got, str) and final and self.calls:  # calls cut short by the reply's end
+                self._cut(len(self._buf))
                 break
             if isinstance(got, str):  # not calls after all: the marker is content
                 out.append(self._cut(len(mark)))
