@@ -96,7 +96,8 @@ def _valid(name: str, arguments: str) -> str:
 
 def _streamed(client: openai.OpenAI, model: str, **kw: Any) -> tuple[str, list[tuple[str, str]], str | None]:
     """(content, [(name, arguments)], finish_reason) of a streamed request."""
-    content, calls, finish = "", {}, None
+    content, finish = "", None
+    calls: dict[int, list[str]] = {}
     for chunk in client.chat.completions.create(model=model, stream=True, **kw):
         if not chunk.choices:
             continue
@@ -138,11 +139,12 @@ def check(client: openai.OpenAI, template: str, model: str | None = None) -> Out
     if not msg.tool_calls:
         return out
     call = msg.tool_calls[0]
-    history = [*QUESTION,
+    history: list[Any] = [*QUESTION,
                {"role": "assistant", "content": None, "tool_calls": [call.model_dump(exclude_none=True)]},
                {"role": "tool", "tool_call_id": call.id, "content": RESULT}]  # fmt: skip
     try:
-        h = client.chat.completions.create(model=model, messages=history, tools=TOOLS, max_tokens=48, temperature=0)
+        tools: Any = TOOLS
+        h = client.chat.completions.create(model=model, messages=history, tools=tools, max_tokens=48, temperature=0)
     except openai.APIError as e:
         out.notes.append(f"history: {e}")
         return out
