@@ -189,7 +189,7 @@ def test_a_call_block_cut_short_after_calls_makes_no_content() -> None:
     one = '<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>'
     cut = "\n<tool_call>\n<function=get_time>\n<parameter=zo"
     content, calls, _ = parse(setup.format, one + cut, [len(one) + 5])
-    assert calls == [("get_time", {"zone": "UTC"})] and content == "\n"
+    assert calls == [("get_time", {"zone": "UTC"})] and content == ""
     content, calls, _ = parse(setup.format, "Maybe " + cut, [])
     assert calls == [] and content == "Maybe " + cut
 
@@ -202,3 +202,82 @@ def test_a_forced_turn_makes_at_most_max_calls(tokenizer: Any) -> None:
     g = setup.format.grammar(TOOLS)
     assert accepts(tokenizer, g, "\n".join([one] * MAX_CALLS))
     assert not accepts(tokenizer, g, "\n".join([one] * (MAX_CALLS + 1)))
+
+
+# ---- reasoning per family, history shapes, derived formats --------------------------------
+
+
+def reply(name: str, text: str, thinking: bool = False) -> tuple[str, str, list[tuple[str, Any]]]:
+    """(reasoning, content, calls) of a reply in ``name``'s family, as the server splits it."""
+    from strata_core.text.reasoning import ThinkSplitter
+
+    _, setup = setup_of(name)
+    think = ThinkSplitter(thinking, setup.format.think)
+    pieces = think.push(text) + think.flush()
+    reasoning = "".join(p.text for p in pieces if p.kind == "reasoning")
+    content, calls, _ = parse(setup.format, "".join(p.text for p in pieces if p.kind == "content"), [])
+    return reasoning, content, calls
+
+
+def test_harmony_channels() -> None:
+    gpt = "openai-gpt-oss-120b.jinja"
+    call = ("<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
+            'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>')  # fmt: skip
+    assert reply(gpt, call) == ("Need the weather.", "", [("get_weather", {"city": "Paris"})])
+    final = "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>Hi there<|return|>"
+    assert reply(gpt, final) == ("Easy.", "Hi there", [])
+
+
+def test_family_reasoning_tags() -> None:
+    assert reply("ByteDance-Seed-OSS.jinja", "<seed:think>hmm</seed:think>Hello") == ("hmm", "Hello", [])
+    assert reply("Cohere2MoE.jinja", "<|START_THINKING|>plan<|END_THINKING|>Hi") == ("plan", "Hi", [])
+    assert reply("mistralai-Ministral-3-14B-Reasoning-2512.jinja", '[THINK]a[/THINK][TOOL_CALLS]get_time[ARGS]{"zone": "UTC"}') == (
+        "a", "", [("get_time", {"zone": "UTC"})])  # fmt: skip
+    # the generation prompt opened the block: the reply starts inside it
+    assert reply("Qwen3.5-4B.jinja", "mull</think>\n\nok", thinking=True) == ("mull", "ok", [])
+
+
+def test_history_shapes() -> None:
+    """Mistral: 9-alphanumeric ids (the same for a call and its result); Functionary v3.2:
+    arguments as text; LFM2 and Granite 3.3: the calls written into the content."""
+    call = {"id": "call_" + "x" * 24, "type": "function", "function": {"name": "get_time", "arguments": {"zone": "UTC"}}}
+    history = [{"role": "assistant", "content": "", "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": call["id"], "content": "noon"}]  # fmt: skip
+    _, mistral = setup_of("Mistral-Small-3.2-24B-Instruct-2506.jinja")
+    shaped = mistral.messages(history)
+    short = shaped[0]["tool_calls"][0]["id"]
+    assert len(short) == 9 and short.isalnum() and shaped[1]["tool_call_id"] == short
+    assert len(mistral.new_id()) == 9
+    _, functionary = setup_of("meetkai-functionary-medium-v3.2.jinja")
+    assert functionary.messages(history)[0]["tool_calls"][0]["function"]["arguments"] == '{"zone": "UTC"}'
+    _, lfm = setup_of("LFM2-8B-A1B.jinja")
+    shaped = lfm.messages(history)
+    assert "tool_calls" not in shaped[0]
+    assert shaped[0]["content"] == "<|tool_call_start|>[get_time(zone='UTC')]<|tool_call_end|>"
+    _, command_r = setup_of("CohereForAI-c4ai-command-r-plus-tool_use.jinja")
+    tools = command_r.tools([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string"}}}}}])  # fmt: skip
+    assert tools is not None and tools[0]["function"]["parameters"]["properties"]["a"]["description"] == ""
+
+
+UNKNOWN = (
+    "{% if tools %}tools: {{ tools | tojson }}{% endif %}{% for m in messages %}<|{{ m.role }}|>{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}<<CALL {{ c.function.name }} ARGS {{ c.function.arguments | tojson }}>>{% endfor %}"
+    "<|end|>{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def test_a_format_is_derived_from_an_unknown_template(tokenizer: Any) -> None:
+    setup = ChatTemplate(UNKNOWN).tool_setup
+    assert setup is not None and setup.derived and setup.format.name == "derived"
+    text = 'Sure. <<CALL get_time ARGS {"zone": "UTC"}>>'
+    content, calls, _ = parse(setup.format, text, [])
+    assert (content, calls) == ("Sure. ", [("get_time", {"zone": "UTC"})])
+    for cut in range(1, len(text)):
+        assert parse(setup.format, text, [cut])[:2] == (content, calls)
+    assert accepts(tokenizer, setup.format.grammar([TIME], parallel=False), '<<CALL get_time ARGS {"zone": "UTC"}>>')
+
+
+def test_nothing_derivable_leaves_the_generic_format() -> None:
+    odd = "{% for m in messages %}{{ m.content }}{% for c in m.tool_calls or [] %}{{ c.function.name }}{% endfor %}{% endfor %}{{ tools | length }}"
+    assert ChatTemplate(odd).tool_setup is None

@@ -59,6 +59,7 @@ class FormatParser:
         self.spans: list[tuple[int, int]] = []  # where each calls block was, in the text pushed
         self._at = 0  # offset of _buf[0] in the text pushed
         self._fresh = fmt.bare  # at the reply's start, where a bare call may begin
+        self._said = False  # content other than whitespace was shown (until then it waits)
 
     def push(self, text: str) -> list[Event]:
         self._buf += text
@@ -67,8 +68,14 @@ class FormatParser:
     def flush(self) -> list[Event]:
         out = self._scan(final=True)
         if self._buf:
-            out.append(self._cut(len(self._buf)))
+            self._say(self._cut(len(self._buf)), out)
         return merged_events(out)
+
+    def _say(self, text: str, out: list[Event]) -> None:
+        """Content, except whitespace before a reply's first call or at the end of its calls."""
+        if self._said or (text.strip() or not (self.calls or self._buf)):
+            out.append(text)
+            self._said = self._said or bool(text.strip())
 
     def _cut(self, n: int) -> str:
         part, self._buf = self._buf[:n], self._buf[n:]
@@ -88,10 +95,12 @@ class FormatParser:
             hit = _earliest(self._buf, self._marks + self.format.strip)
             if hit is None:
                 hold = 0 if final else max(held_prefix(self._buf, m) for m in self._marks + self.format.strip)
-                out.append(self._cut(len(self._buf) - hold))
+                if not final and not self._said and not self._buf[: len(self._buf) - hold].strip():
+                    break  # leading whitespace waits: a call may follow it
+                self._say(self._cut(len(self._buf) - hold), out)
                 break
             at, mark = hit
-            out.append(self._cut(at))
+            self._say(self._cut(at), out)
             if mark in self.format.strip and mark not in self._marks:
                 self._cut(len(mark))
                 continue

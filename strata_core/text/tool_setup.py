@@ -185,7 +185,8 @@ def derive_format(text: str) -> ToolFormat | None:
             return None
         parts = (Lit(head.strip()), Name((mid.strip(),)), Lit(mid), Json())
     close = tail.split("\n")[0].strip()
-    close = re.match(r"(<[^<>]*>|\[[^\[\]]*\]|```)?", close).group(0) or ""  # type: ignore[union-attr]
+    # the marker right after the arguments: a tag, a bracketed word, a fence or a run of symbols
+    close = re.match(r"(<[^<>]*>|\[[^\[\]]*\]|```|[^\w\s<\[]+)?", close).group(0) or ""  # type: ignore[union-attr]
     if not head.strip():
         return None
     fmt = ToolFormat("derived", tuple(p for p in parts if not (isinstance(p, Lit) and not p.text.strip())) + ((Lit(close),) if close else ()))

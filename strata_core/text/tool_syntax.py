@@ -129,7 +129,7 @@ class Name:
 
     def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
         head, _, tail = self.fmt.partition("{name}")
-        parts = [lark_str(head)] if head else []
+        parts = [lark_str(head)] if head else [WS]
         parts.append(lark_str(name))
         if "{index}" in tail:
             before, _, after = tail.partition("{index}")
