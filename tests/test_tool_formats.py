@@ -194,14 +194,17 @@ def test_a_call_block_cut_short_after_calls_makes_no_content() -> None:
     assert calls == [] and content == "Maybe " + cut
 
 
-def test_a_forced_turn_makes_at_most_max_calls(tokenizer: Any) -> None:
-    from strata_core.text.tool_formats import MAX_CALLS
+def test_a_forced_turn_makes_as_many_calls_as_tools_are_offered(tokenizer: Any) -> None:
+    from strata_core.text.tool_formats import most_calls
 
     _, setup = setup_of("Qwen3-Coder.jinja")
     one = '<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>'
-    g = setup.format.grammar(TOOLS)
-    assert accepts(tokenizer, g, "\n".join([one] * MAX_CALLS))
-    assert not accepts(tokenizer, g, "\n".join([one] * (MAX_CALLS + 1)))
+    for tools in ([TIME], TOOLS, [TIME] * 3, [TIME] * 20):
+        n = most_calls(len(tools))
+        assert n == min(max(len(tools), 2), 8)
+        g = setup.format.grammar(tools)
+        assert accepts(tokenizer, g, "\n".join([one] * n))
+        assert not accepts(tokenizer, g, "\n".join([one] * (n + 1)))
 
 
 # ---- reasoning per family, history shapes, derived formats --------------------------------

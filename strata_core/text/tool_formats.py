@@ -54,9 +54,13 @@ from strata_core.text.tools import Dialect
 
 THINK = ("<think>", "</think>")
 
-#: Most calls a forced turn may make with parallel_tool_calls: a small model otherwise
-#: repeats a call until max_tokens.
-MAX_CALLS = 4
+#: Most calls a forced turn may make with parallel_tool_calls: as many as tools are offered,
+#: within these bounds (a small model otherwise repeats a call until max_tokens).
+MIN_CALLS, MAX_CALLS = 2, 8
+
+
+def most_calls(tools: int) -> int:
+    return min(max(tools, MIN_CALLS), MAX_CALLS)
 
 
 @dataclass(frozen=True)
@@ -145,11 +149,12 @@ class ToolFormat:
             fn = tool["function"]
             alts.append(f"call{i}: {rule_of(call, fn['name'], fn.get('parameters'), self.flexible)}")
         calls = " | ".join(f"call{i}" for i in range(len(tools)))
-        body = f"call ({sep} {WS} call){{0,{MAX_CALLS - 1}}}" if parallel else "call"
+        more = most_calls(len(tools)) - 1
+        body = f"call ({sep} {WS} call){{0,{more}}}" if parallel else "call"
         head = lit_rule(self.open) if self.open.strip() else ""
         tail = lit_rule(self.close) if self.close.strip() else ""
         if listed is not None:  # a list of the calls, or (MiniMax M1) the objects one after another
-            bare = f"call (call){{0,{MAX_CALLS - 1}}}" if parallel else "call"
+            bare = f"call (call){{0,{more}}}" if parallel else "call"
             lines = [f"start: {head} {before} {tail}", f"items: {body}", f"bare: {bare}"]
         else:
             lines = [f"start: {head} {body} {tail}"]
