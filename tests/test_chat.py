@@ -109,8 +109,6 @@ def test_syntax_error_is_template_error() -> None:
     [
         "{{ ''.__class__.__mro__ }}",
         "{{ cycler.__init__.__globals__ }}",
-        "{{ messages.append(1) }}",
-        "{{ messages[0].update({'role': 'system'}) }}",
     ],
 )
 def test_sandbox_escape_is_refused(source: str) -> None:
@@ -118,6 +116,24 @@ def test_sandbox_escape_is_refused(source: str) -> None:
     with pytest.raises(TemplateError, match="unsafe"):
         ChatTemplate(source).render(messages)
     assert messages == [{"role": "user", "content": "x"}]
+
+
+def test_list_and_dict_methods_work_on_copies() -> None:
+    # Kimi K2's templates append to lists and others update dicts, as the reference renderers allow
+    source = (
+        "{% set ns = [] %}{% do ns.append(messages[0].content) %}{% set d = {} %}"
+        "{% do d.update({'k': 'v'}) %}{% do messages.append(1) %}"
+        "{{ ns | join(',') }}{% for k, v in d.items() %}{{ k }}={{ v }}{% endfor %}{{ messages | length }}"
+    )
+    messages = [{"role": "user", "content": "x"}]
+    assert ChatTemplate(source).render(messages, add_generation_prompt=False) == "xk=v2"
+    assert messages == [{"role": "user", "content": "x"}]  # the caller's data is untouched
+
+
+def test_tojson_takes_a_filter_chain() -> None:
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    out = ChatTemplate("{{ tools | map(attribute='function') | tojson }}").render([], tools=tools)
+    assert out == '[{"name": "f"}]'
 
 
 def test_null_content_is_template_error(smollm2: ChatTemplate) -> None:
@@ -236,13 +252,14 @@ LLAMA3_STYLE = (
 )
 
 
-def test_tool_dialect_is_read_from_the_template(smollm2: ChatTemplate) -> None:
-    from strata_core.text.tools import Dialect
-
-    assert smollm2.tool_dialect is None  # SmolLM2's template never shows tools
-    assert ChatTemplate(FALLBACK_TEMPLATE).tool_dialect is None
-    assert ChatTemplate(QWEN_STYLE + "<tool_call>").tool_dialect is Dialect.HERMES
-    assert ChatTemplate(LLAMA3_STYLE).tool_dialect is Dialect.LLAMA3
+def test_tool_format_is_read_from_the_template(smollm2: ChatTemplate) -> None:
+    assert smollm2.tool_setup is None  # SmolLM2's template never shows tools
+    assert ChatTemplate(FALLBACK_TEMPLATE).tool_setup is None
+    hermes = ChatTemplate(QWEN_STYLE + "<tool_call>").tool_setup
+    # it renders no calls itself: they are written into the assistant's content
+    assert hermes is not None and hermes.format.name == "hermes" and hermes.calls_in_content
+    llama3 = ChatTemplate(LLAMA3_STYLE).tool_setup
+    assert llama3 is not None and llama3.format.name == "llama3" and not llama3.calls_in_content
 
 
 def test_a_tool_round_trip_renders_as_hf_does() -> None:

@@ -31,7 +31,6 @@ ESCAPING_TEMPLATE = (
 @pytest.mark.parametrize("source", [
     "{{ ''.__class__.__mro__ }}",
     "{{ messages.__class__.__init__.__globals__ }}",
-    "{% set x = messages.append(1) %}",  # the sandbox is immutable too
 ])  # fmt: skip
 def test_a_template_cannot_leave_its_sandbox(source: str) -> None:
     with pytest.raises(TemplateError) as exc:

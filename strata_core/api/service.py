@@ -38,7 +38,8 @@ from strata_core.text.generic_tools import generic_grammar, generic_instruction,
 from strata_core.text.grammars import grammar_error, llguidance_grammar
 from strata_core.text.reasoning import prompt_opens_think
 from strata_core.text.structured import Constraint, constraint_for
-from strata_core.text.tools import Dialect, call_grammar
+from strata_core.text.tool_setup import ToolSetup
+from strata_core.text.tools import Dialect
 
 T = TypeVar("T")
 
@@ -191,13 +192,13 @@ class Service:
         return ids
 
     @property
-    def tool_dialect(self) -> Dialect | None:
-        """How the model calls tools: its template's dialect, else (``[tools] generic``) the
-        generic format the server shows it; None: it cannot."""
-        dialect = self.template.tool_dialect if self.template is not None else None
-        if dialect is None and self.config.tools.generic:
+    def tool_setup(self) -> ToolSetup | Dialect | None:
+        """How the model calls tools: its template's family format and history shape, else
+        (``[tools] generic``) the generic format the server shows it; None: it cannot."""
+        setup = self.template.tool_setup if self.template is not None else None
+        if setup is None and self.config.tools.generic:
             return Dialect.GENERIC
-        return dialect
+        return setup
 
     async def chat_prompt(self, req: ChatRequest) -> tuple[list[int], ChatShape]:
         """The prompt's token ids, and how the reply will be cut up."""
@@ -206,8 +207,8 @@ class Service:
                            "server configures none): use the completions API, or have the operator set "
                            "chat_template = \"FILE.jinja\" for it", param="messages",
                            code="no_chat_template")  # fmt: skip
-        dialect = self.tool_dialect
-        if req.tools and dialect is None:
+        setup = self.tool_setup
+        if req.tools and setup is None:
             raise ApiError(
                 400,
                 "this model's chat template does not support tools (it never reads them), "
@@ -219,30 +220,44 @@ class Service:
         mode = req.tool_mode()
         tools = None if mode == "none" else [t.template_view() for t in req.tools or ()]
         messages = [m.template_view() for m in req.messages]
-        if dialect is Dialect.GENERIC:  # the template reads neither tools nor tool messages
+        if setup is Dialect.GENERIC:  # the template reads neither tools nor tool messages
             named = req.forced_tools()[0].function.name if mode == "named" else None
             parallel = req.parallel_tool_calls is not False
             instruction = None if tools is None else generic_instruction(tools, mode, parallel, named)
             messages, tools = generic_messages(messages, instruction), None
+        elif isinstance(setup, ToolSetup):
+            messages, tools = setup.messages(messages), setup.tools(tools)
         try:
             text = self.template.render(
                 messages, add_generation_prompt=True, tools=tools, **(req.chat_template_kwargs or {})
             )
         except TemplateError as exc:
             raise ApiError(400, f"the chat template failed: {exc}", param="messages") from None
-        shape = ChatShape(prompt_opens_think(text), None if mode == "none" else dialect)
-        return await self.engine.tokenize(text, special=True), shape
+        return await self.engine.tokenize(text, special=True), self.chat_shape(req, text, mode)
+
+    def chat_shape(self, req: ChatRequest, prompt: str, mode: str) -> ChatShape:
+        """How a reply to ``prompt`` is cut up: reasoning in the family's tags, tool calls in
+        its format (none when tool_choice is none)."""
+        setup = self.tool_setup
+        if not isinstance(setup, ToolSetup):
+            think = prompt_opens_think(prompt)
+            return ChatShape(think, None if mode == "none" or setup is None else setup)
+        fmt = setup.format
+        tools = tuple(t.template_view() for t in req.tools or ())
+        thinking = prompt_opens_think(prompt, fmt.think)
+        return ChatShape(thinking, format=None if mode == "none" else fmt, think=fmt.think, tools=tools,
+                         new_id=setup.new_id)  # fmt: skip
 
     def tool_grammar(self, req: ChatRequest, format_param: str = "response_format") -> str | None:
         """The grammar option of a request with tools: forcing a call for tool_choice
-        required / named; in the generic format also for auto (a response or calls).
-        ``format_param``: the family's name of response_format, for errors."""
+        required / named, in the family's own syntax; in the generic format also for auto
+        (a response or calls). ``format_param``: the family's name of response_format, for errors."""
         mode = req.tool_mode()
-        dialect = self.tool_dialect
-        generic = dialect is Dialect.GENERIC
+        setup = self.tool_setup
+        generic = setup is Dialect.GENERIC
         if mode == "none" or (mode == "auto" and not generic):
             return None
-        assert dialect is not None  # chat_prompt refused tools without one
+        assert setup is not None  # chat_prompt refused tools without one
         if generic and mode == "auto" and req.response_format is not None and req.response_format.type != "text":
             raise ApiError(
                 400,
@@ -263,10 +278,10 @@ class Service:
             )
         tools = [t.template_view() for t in req.forced_tools()]
         parallel = req.parallel_tool_calls is not False
-        if generic:
-            grammar = generic_grammar(tools, parallel, text=mode == "auto")
+        if isinstance(setup, ToolSetup):
+            grammar = setup.format.grammar(tools, parallel=parallel)
         else:
-            grammar = call_grammar(tools, dialect, parallel=parallel)
+            grammar = generic_grammar(tools, parallel, text=mode == "auto")
         problem = grammar_error(llguidance_grammar("lark", grammar))
         if problem:
             raise ApiError(400, f"the tools' parameters cannot be enforced: {problem}", param="tools",

@@ -1,7 +1,9 @@
 """Chat templates, rendered the way Hugging Face transformers' ``apply_chat_template`` does.
 
-Same sandbox (``ImmutableSandboxedEnvironment`` with ``trim_blocks``, ``lstrip_blocks`` and
-loop controls), same helpers (``raise_exception``, ``strftime_now``, a ``tojson`` that keeps
+Same sandbox as the reference renderers (jinja2's ``SandboxedEnvironment``: no attribute
+escapes, but the list and dict methods templates call, ``append``, ``update``, ..., work, on
+copies of the caller's data; with ``trim_blocks``, ``lstrip_blocks``, loop controls and
+``do``), same helpers (``raise_exception``, ``strftime_now``, a ``tojson`` that keeps
 non-ASCII text, a pass-through ``{% generation %}`` tag) and the same render variables, so a
 model's template produces here the prompt it was trained on. Every failure, from a syntax
 error to a sandbox violation, surfaces as :class:`TemplateError`.
@@ -9,9 +11,10 @@ error to a sandbox violation, surfaces as :class:`TemplateError`.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -19,9 +22,9 @@ from typing import Any
 import jinja2
 import jinja2.ext
 import jinja2.nodes
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import SandboxedEnvironment
 
-from strata_core.text.tools import Dialect, detect_dialect
+from strata_core.text.tool_setup import ToolSetup, probe
 
 # Used when a GGUF carries no ``tokenizer.chat_template``: ChatML, the template transformers
 # used as its class-level default, and the format most small instruct models are tuned on.
@@ -65,16 +68,26 @@ def _tojson(
     sort_keys: bool = False,
 ) -> str:
     # jinja2's own tojson escapes HTML characters and non-ASCII; chat templates want plain JSON.
+    # A filter chain (``tools | map(attribute='function')``) hands over a generator: a list.
     return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys,
+        default=_json_default,
     )
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Iterable) and not isinstance(value, (str, bytes, Mapping)):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 @functools.lru_cache(maxsize=64)
 def compile_template(source: str) -> jinja2.Template:
     """Compile a chat template once; a syntax error raises :class:`TemplateError`."""
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+    env = SandboxedEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[_GenerationTag, jinja2.ext.loopcontrols, jinja2.ext.do],
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
@@ -99,9 +112,10 @@ class ChatTemplate:
             )
 
     @functools.cached_property
-    def tool_dialect(self) -> Dialect | None:
-        """How this template's model calls tools; None when the template shows no tools."""
-        return detect_dialect(self.source)
+    def tool_setup(self) -> ToolSetup | None:
+        """How this template's model calls tools and what history the template reads
+        (tool_setup.py); None when it shows no tools or writes calls in no derivable way."""
+        return probe(self)
 
     def render(
         self,
@@ -119,11 +133,12 @@ class ChatTemplate:
         variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, **kwargs}
         variables.setdefault("documents", None)
         try:
+            # deep copies: a template may append to or update what it is given
             return template.render(
-                messages=list(messages),
+                messages=copy.deepcopy(list(messages)),
                 add_generation_prompt=add_generation_prompt,
-                tools=None if tools is None else list(tools),
-                **variables,
+                tools=None if tools is None else copy.deepcopy(list(tools)),
+                **copy.deepcopy(variables),
             )
         except TemplateError:
             raise

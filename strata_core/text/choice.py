@@ -3,14 +3,25 @@ the logprob entries that spell each, as pieces (:class:`Delta`) for the HTTP lay
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from strata_core.reader import TokenEvent, Usage
 from strata_core.text.detokenize import Detokenizer, StopMatcher
 from strata_core.text.generic_tools import tool_parser
 from strata_core.text.logprobs import Aligner, Entry, Span
 from strata_core.text.reasoning import Piece, ThinkSplitter
-from strata_core.text.tools import CallDelta, Dialect, ToolCall, split_events
+from strata_core.text.tool_formats import THINK, ToolFormat
+from strata_core.text.tool_reader import FormatParser, reply_parser
+from strata_core.text.tools import (
+    CallDelta,
+    Dialect,
+    ToolCall,
+    ToolCallParser,
+    new_call_id,
+    split_events,
+)
 
 
 @dataclass
@@ -41,11 +52,22 @@ class Delta:
 
 @dataclass(frozen=True)
 class ChatShape:
-    """How a chat reply is cut up: ``thinking`` the prompt left a ``<think>`` block open;
-    ``dialect`` parse tool calls in it (None: the reply is only content)."""
+    """How a chat reply is cut up: ``thinking`` the prompt left a reasoning block open;
+    ``format`` the family format its tool calls are read in, or ``dialect`` the generic
+    one's (neither: the reply is only content); ``think`` the reasoning tags; ``tools`` the
+    request's tools (how XML-style values are typed); ``new_id`` makes call ids."""
 
     thinking: bool = False
     dialect: Dialect | None = None
+    format: ToolFormat | None = None
+    think: tuple[str, str] = THINK
+    tools: tuple[Mapping[str, Any], ...] = ()
+    new_id: Callable[[], str] = new_call_id
+
+    def tool_parser(self) -> ToolCallParser | FormatParser | None:
+        if self.format is not None:
+            return reply_parser(self.format, self.tools, self.new_id)
+        return None if self.dialect is None else tool_parser(self.dialect, self.new_id)
 
 
 def joined(a: list[Entry] | None, b: list[Entry] | None) -> list[Entry] | None:
@@ -69,8 +91,8 @@ class ChoiceText:
         self._matcher = StopMatcher(stops)
         self._detok = Detokenizer(pieces)
         self._aligner = None if alternatives is None else Aligner(pieces, alternatives)
-        self._think = None if shape is None else ThinkSplitter(shape.thinking)
-        self._tools = None if shape is None or shape.dialect is None else tool_parser(shape.dialect)
+        self._think = None if shape is None else ThinkSplitter(shape.thinking, shape.think)
+        self._tools = None if shape is None else shape.tool_parser()
         self._spans: dict[str, Span] = {}  # "reasoning" / "content", opened at their start
         self._released = 0  # characters of the text shown so far
         self.stopped = False

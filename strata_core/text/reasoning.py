@@ -1,4 +1,5 @@
-"""Split a reply into its reasoning (``<think>...</think>``) and its content, incrementally.
+"""Split a reply into its reasoning (``<think>...</think>``, or the family's own tags) and its
+content, incrementally.
 
 Rules (tests/test_reasoning.py checks each, at every chunk boundary):
 
@@ -37,9 +38,10 @@ class Piece:
     end: int
 
 
-def prompt_opens_think(prompt: str) -> bool:
-    """Whether a rendered prompt leaves the reply inside an open ``<think>`` block."""
-    return prompt.rfind(OPEN) > prompt.rfind(CLOSE)
+def prompt_opens_think(prompt: str, tags: tuple[str, str] = (OPEN, CLOSE)) -> bool:
+    """Whether a rendered prompt leaves the reply inside an open reasoning block
+    (``tags``: the family's, tool_formats.ToolFormat.think)."""
+    return prompt.rfind(tags[0]) > prompt.rfind(tags[1])
 
 
 class ThinkSplitter:
@@ -49,7 +51,8 @@ class ThinkSplitter:
     known; ``content_start`` the offset where the content begins, once known.
     """
 
-    def __init__(self, thinking: bool = False) -> None:
+    def __init__(self, thinking: bool = False, tags: tuple[str, str] = (OPEN, CLOSE)) -> None:
+        self._open, self._close = tags
         self._state: Literal["start", "think", "after", "content"] = "start"
         self._buf = ""
         self._at = 0  # offset of _buf[0] in the whole text
@@ -82,20 +85,20 @@ class ThinkSplitter:
         if self._state == "start":
             lead = len(buf) - len(buf.lstrip())
             rest = buf[lead:]
-            if rest.startswith(OPEN):
-                self._drop(lead + len(OPEN))
+            if rest.startswith(self._open):
+                self._drop(lead + len(self._open))
                 self._state, self.thinking = "think", True
-            elif not OPEN.startswith(rest):  # not a tag (an empty rest waits)
+            elif not self._open.startswith(rest):  # not a tag (an empty rest waits)
                 self._begin()
         elif self._state == "think":
-            cut = buf.find(CLOSE)
+            cut = buf.find(self._close)
             if cut >= 0:
                 self._take("reasoning", cut, out)
                 self.reasoning_end = self._at
-                self._drop(len(CLOSE))
+                self._drop(len(self._close))
                 self._state = "after"
             else:
-                self._take("reasoning", len(buf) - held_prefix(buf, CLOSE), out)
+                self._take("reasoning", len(buf) - held_prefix(buf, self._close), out)
         elif self._state == "after":
             lead = len(buf) - len(buf.lstrip())
             if lead < len(buf):

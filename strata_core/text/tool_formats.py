@@ -1,0 +1,312 @@
+"""How each model family writes tool calls and reasoning: one :class:`ToolFormat` per family,
+in :data:`FORMATS`, the registry.
+
+A format says how one call is written (its parts, tool_syntax.py), the markers around a
+turn's calls (``open`` / ``close``, ``sep`` between calls), how reasoning is delimited
+(``think``), and markup the family writes that is neither content nor a call (``strip``:
+gpt-oss's channel headers, for instance). From that one description come the parser of a
+reply (tool_reader.py), the grammar that forces a call in the family's own syntax, and the
+text of a call for templates that leave writing it to the caller.
+
+Which family a template belongs to is found by its rendering, not its name:
+tool_probe.py renders a probe call through the template and takes the first format here
+that reads it back. Order matters only where one family's syntax contains another's (the
+Llama 3 bare JSON object comes last).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from strata_core.text.tool_notations import (
+    gemma_decode,
+    gemma_encode,
+    gemma_grammar,
+    python_call_end,
+    python_decode,
+    python_encode,
+    python_grammar,
+)
+from strata_core.text.tool_syntax import (
+    FAIL,
+    PARTIAL,
+    WS,
+    Id,
+    Json,
+    Lit,
+    Name,
+    Opt,
+    Params,
+    Part,
+    Raw,
+    Read,
+    Skip,
+    Written,
+    lit_rule,
+    read_parts,
+    rule_of,
+    write_parts,
+)
+from strata_core.text.tools import Dialect
+
+THINK = ("<think>", "</think>")
+
+#: Most calls a forced turn may make with parallel_tool_calls: as many as tools are offered,
+#: within these bounds (a small model otherwise repeats a call until max_tokens).
+MIN_CALLS, MAX_CALLS = 2, 8
+
+
+def most_calls(tools: int) -> int:
+    return min(max(tools, MIN_CALLS), MAX_CALLS)
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    name: str
+    call: tuple[Part, ...]
+    open: str = ""  # before a turn's calls
+    close: str = ""  # after them
+    sep: str = ""  # between two calls
+    starts: tuple[str, ...] = ()  # more markers a call may begin with
+    strip: tuple[str, ...] = ()  # markup that is neither content nor a call
+    think: tuple[str, str] = THINK
+    flexible: bool = False  # the family's JSON is indented
+    dialect: Dialect | None = None  # streamed by tools.py's incremental JSON parser
+    hints: tuple[str, ...] = ()  # text of templates that never write calls themselves
+    bare: bool = False  # the generation prompt wrote the call's marker: a reply may open with a call
+
+    # ---- reading ----
+
+    def markers(self) -> tuple[str, ...]:
+        """Texts where the calls of a reply may begin."""
+        first = self.open or next((p.text for p in self.call if isinstance(p, Lit)), "")
+        return tuple(m for m in (first.strip(), *self.starts) if m)
+
+    def read_call(self, text: str, at: int, final: bool, props: Mapping[str, Any]) -> Read | str:
+        r = Read(props=props)
+        got = read_parts(self.call, text, at, r, final)
+        if isinstance(got, str):
+            return got
+        r.end = got
+        return r
+
+    def read_turn(self, text: str, at: int, final: bool, props: Mapping[str, Any] | None = None) -> list[Read] | str:
+        """Every call of the calls block at ``text[at]`` (its end: the last Read's ``end``)."""
+        props = props or {}
+        if self.open:
+            got = Lit(self.open).read(text, at, Read(), final)
+            if isinstance(got, str):
+                return got
+            at = got
+        reads: list[Read] = []
+        while True:
+            if reads and self.sep.strip():
+                got = Lit(self.sep).read(text, at, Read(), final)
+                if got == PARTIAL:
+                    return PARTIAL
+                if got == FAIL:
+                    break
+                assert isinstance(got, int)
+                at = got
+            r = self.read_call(text, at, final, props)
+            if r == PARTIAL:
+                return PARTIAL
+            if r == FAIL:
+                break
+            assert isinstance(r, Read)
+            reads.append(r)
+            at = r.end
+        if not reads:
+            return FAIL
+        if self.close:
+            got = Lit(self.close).read(text, at, Read(), final)
+            if got == PARTIAL:
+                return PARTIAL
+            if isinstance(got, int):
+                reads[-1].end = got
+        return reads
+
+    # ---- writing ----
+
+    def write(self, calls: Sequence[Written], tools: Mapping[str, Any] | None = None) -> str:
+        body = self.sep.join(write_parts(self.call, c, tools or {}) for c in calls)
+        return self.open + body + self.close
+
+    def grammar(self, tools: Sequence[Mapping[str, Any]], parallel: bool = True) -> str:
+        """A Lark grammar (llguidance's) whose sentences are a turn of calls to ``tools``
+        (one call unless ``parallel``), written as this family writes them."""
+        listed = next((i for i, p in enumerate(self.call) if isinstance(p, Json) and p.what == "calls"), None)
+        call, before, after, sep = self.call, "", "", lit_rule(self.sep) if self.sep.strip() else ""
+        if listed is not None:  # the calls are items of one JSON list
+            call, before = self.call[listed : listed + 1], rule_of(self.call[:listed], "", None)
+            after = rule_of(self.call[listed + 1 :], "", None)
+            before, after, sep = f'{before} {WS} ("[" items {WS} "]" | bare) {after}', "", f'{WS} ","'
+        alts = []
+        for i, tool in enumerate(tools):
+            fn = tool["function"]
+            alts.append(f"call{i}: {rule_of(call, fn['name'], fn.get('parameters'), self.flexible)}")
+        calls = " | ".join(f"call{i}" for i in range(len(tools)))
+        more = most_calls(len(tools)) - 1
+        body = f"call ({sep} {WS} call){{0,{more}}}" if parallel else "call"
+        head = lit_rule(self.open) if self.open.strip() else ""
+        tail = lit_rule(self.close) if self.close.strip() else ""
+        if listed is not None:  # a list of the calls, or (MiniMax M1) the objects one after another
+            bare = f"call (call){{0,{more}}}" if parallel else "call"
+            lines = [f"start: {head} {before} {tail}", f"items: {body}", f"bare: {bare}"]
+        else:
+            lines = [f"start: {head} {body} {tail}"]
+        lines += [f"call: {calls}", *alts]
+        return "\n".join(" ".join(line.split(" ")) for line in lines) + "\n"
+
+
+_QWEN_PARAMS = Params(
+    "</function>", "<parameter={key}>\n{value}\n</parameter>\n",
+    r"<parameter=(?P<key>[^>]+)>(?P<value>.*?)</parameter>", trim=True,
+)  # fmt: skip
+_GLM_PARAMS = Params(
+    "</tool_call>", "<arg_key>{key}</arg_key><arg_value>{value}</arg_value>",
+    r"<arg_key>(?P<key>.*?)</arg_key>\s*<arg_value>(?P<value>.*?)</arg_value>",
+)  # fmt: skip
+_MM3 = "]<]minimax[>["
+_DSML = "｜DSML｜"
+
+
+def _dsml(section: str) -> ToolFormat:
+    return ToolFormat(
+        f"deepseek-dsml-{section}",
+        (
+            Lit(f'<{_DSML}invoke name="'), Name(('">',)), Lit('">\n'),
+            Params(f"</{_DSML}invoke>", f'<{_DSML}parameter name="{{key}}" string="{{string}}">{{value}}</{_DSML}parameter>\n',
+                   f'<{_DSML}parameter name="(?P<key>[^"]+)" string="(?P<string>true|false)">(?P<value>.*?)</{_DSML}parameter>'),
+            Lit(f"</{_DSML}invoke>\n"),
+        ),
+        open=f"<{_DSML}{section}>\n", close=f"</{_DSML}{section}>",
+    )  # fmt: skip
+
+
+FORMATS: tuple[ToolFormat, ...] = (
+    # Qwen3-Coder, Qwen3.5, Nemotron 3, StepFun: XML parameters inside <tool_call>
+    ToolFormat("qwen3-coder", (
+        Lit("<tool_call>\n"), Lit("<function="), Name((">",)), Lit(">\n"), _QWEN_PARAMS,
+        Lit("</function>\n"), Lit("</tool_call>"),
+    ), sep="\n"),  # fmt: skip
+    ToolFormat("seed-oss", (
+        Lit("<seed:tool_call>\n"), Lit("<function="), Name((">",)), Lit(">\n"),
+        Params("</function>", "<parameter={key}>{value}</parameter>\n",
+               r"<parameter=(?P<key>[^>]+)>(?P<value>.*?)</parameter>"),
+        Lit("</function>\n"), Lit("</seed:tool_call>"),
+    ), sep="\n", think=("<seed:think>", "</seed:think>")),  # fmt: skip
+    # GLM-4.6 / 4.7, Laguna, Ling, Spark: <tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>
+    ToolFormat("glm", (Lit("<tool_call>"), Name(("<arg_key>", "</tool_call>")), _GLM_PARAMS, Lit("</tool_call>")), sep="\n"),
+    ToolFormat("hunyuan", (
+        Lit("<tool_call:opensource>"), Name(("<tool_sep:opensource>",)), Lit("<tool_sep:opensource>\n"),
+        Params("</tool_call:opensource>",
+               "<arg_key:opensource>{key}</arg_key:opensource>\n<arg_value:opensource>{value}</arg_value:opensource>\n",
+               r"<arg_key:opensource>(?P<key>.*?)</arg_key:opensource>\s*<arg_value:opensource>(?P<value>.*?)</arg_value:opensource>"),
+        Lit("</tool_call:opensource>"),
+    ), open="<tool_calls:opensource>\n", close="\n</tool_calls:opensource>", sep="\n",
+        think=("<think:opensource>", "</think:opensource>")),  # fmt: skip
+    ToolFormat("minimax-m2", (
+        Lit('<invoke name="'), Name(('">',)), Lit('">\n'),
+        Params("</invoke>", '<parameter name="{key}">{value}</parameter>\n',
+               r'<parameter name="(?P<key>[^"]+)">(?P<value>.*?)</parameter>'),
+        Lit("</invoke>\n"),
+    ), open="<minimax:tool_call>\n", close="</minimax:tool_call>"),  # fmt: skip
+    ToolFormat("minimax-m3", (
+        Lit(_MM3 + '<invoke name="'), Name(('">',)), Lit('">'),
+        Params(_MM3 + "</invoke>", _MM3 + "<{key}>{value}" + _MM3 + "</{key}>",
+               r"\]<\]minimax\[>\[<(?P<key>[^>/]+)>(?P<value>.*?)\]<\]minimax\[>\[</(?P=key)>"),
+        Lit(_MM3 + "</invoke>\n"),
+    ), open=_MM3 + "<tool_call>\n", close=_MM3 + "</tool_call>", think=("<mm:think>", "</mm:think>")),  # fmt: skip
+    _dsml("function_calls"),
+    _dsml("tool_calls"),
+    ToolFormat("atem", (
+        Lit(" to="), Name(("<|message|>",)), Lit("<|message|>"), Lit("<atem:function_calls>\n"),
+        Lit('<atem:invoke name="'), Name(('">',)), Lit('">\n'),
+        Params("</atem:invoke>", '<atem:parameter name="{key}">{value}</atem:parameter>\n',
+               r'<atem:parameter name="(?P<key>[^"]+)">(?P<value>.*?)</atem:parameter>'),
+        Lit("</atem:invoke>\n"), Lit("</atem:function_calls>"),
+    ), strip=("<|eom|>", "<|start|>assistant")),  # fmt: skip
+    ToolFormat("minicpm", (
+        Lit('<function name="'), Name(('">',)), Lit('">'),
+        Params("</function>", '<param name="{key}">{value}</param>', r'<param name="(?P<key>[^"]+)">(?P<value>.*?)</param>'),
+        Lit("</function>"),
+    ), sep="\n"),  # fmt: skip
+    ToolFormat("kimi-k2", (
+        Lit("<|tool_call_begin|>"),
+        Name(("<|tool_call_argument_begin|>",), "functions.{name}:{index}", r"(?:functions\.)?(.+?)(?::\d+)?"),
+        Lit("<|tool_call_argument_begin|>"), Json(), Lit("<|tool_call_end|>"),
+    ), open="<|tool_calls_section_begin|>", close="<|tool_calls_section_end|>"),  # fmt: skip
+    ToolFormat("kimi-k3", (
+        Lit('<|open|>call tool="'), Name(('"',)), Lit('" index="'), Skip(('"<|sep|>',), "1", "[0-9]{1,2}"), Lit('"<|sep|>'),
+        Params("<|close|>call<|sep|>", '<|open|>argument key="{key}" type="{string}"<|sep|>{value}<|close|>argument<|sep|>',
+               r'<\|open\|>argument key="(?P<key>[^"]+)" type="(?P<string>[a-z]*)"<\|sep\|>(?P<value>.*?)<\|close\|>argument<\|sep\|>',
+               words=("string", "number")),
+        Lit("<|close|>call<|sep|>"),
+    ), open="<|open|>tools<|sep|>", close="<|close|>tools<|sep|>",
+        strip=("<|open|>response<|sep|>", "<|close|>response<|sep|>", "<|close|>message<|sep|>", "<|end_of_msg|>"),
+        think=("<|open|>think<|sep|>", "<|close|>think<|sep|>")),  # fmt: skip
+    # Mistral Small 3.2, Devstral, Ministral: [TOOL_CALLS]name[CALL_ID]id[ARGS]{...}
+    ToolFormat("mistral", (
+        Lit("[TOOL_CALLS]"), Name(("[CALL_ID]", "[ARGS]")),
+        Opt((Lit("[CALL_ID]"), Id(("[ARGS]",), "[A-Za-z0-9]{9}"))), Lit("[ARGS]"), Json(),
+    ), think=("[THINK]", "[/THINK]")),  # fmt: skip
+    ToolFormat("apertus", (Lit("<|tools_prefix|>"), Json("calls", keyed=True), Lit("<|tools_suffix|>"))),
+    ToolFormat("cohere", (Json("calls", ("tool_name", "parameters"), lead={"tool_call_id": "{index}"}),),
+               open="<|START_ACTION|>", close="<|END_ACTION|>", think=("<|START_THINKING|>", "<|END_THINKING|>")),
+    ToolFormat("command-r", (
+        Lit("Action:"), Lit("\n```json\n"), Json("calls", ("tool_name", "parameters"), indent=4), Lit("```"),
+    ), flexible=True, strip=("<|CHATBOT_TOKEN|>",)),  # fmt: skip
+    ToolFormat("gpt-oss", (
+        Lit(" to=functions."), Name(("<|channel|>", " ", "<|constrain|>", "<|message|>")),
+        Skip(("<|message|>",), "<|channel|>commentary json"), Lit("<|message|>"), Json(), Opt((Lit("<|call|>"),)),
+    ), strip=("<|start|>assistant", "<|channel|>final<|message|>", "<|channel|>commentary", "<|return|>",
+              "<|end|>", "<|call|>"), think=("<|channel|>analysis<|message|>", "<|end|>")),  # fmt: skip
+    ToolFormat("deepseek-r1", (
+        Lit("<｜tool▁call▁begin｜>"), Skip(("<｜tool▁sep｜>",), "function"), Lit("<｜tool▁sep｜>"),
+        Name(("\n", "```")), Lit("\n```json\n"), Json(), Lit("\n```"), Lit("<｜tool▁call▁end｜>"),
+    ), open="<｜tool▁calls▁begin｜>", close="<｜tool▁calls▁end｜>"),  # fmt: skip
+    ToolFormat("solar", (
+        Lit("<|tool_call:begin|>"), Id(("<|tool_call:name|>",)), Lit("<|tool_call:name|>"),
+        Name(("<|tool_call:args|>",)), Lit("<|tool_call:args|>"), Json(), Lit("<|tool_call:end|>"),
+    ), open="<|tool_calls|>", close="<|calls|>"),  # fmt: skip
+    ToolFormat("lfm2", (Raw("", python_decode, python_encode, python_grammar, python_call_end),),
+               open="<|tool_call_start|>[", close="]<|tool_call_end|>", sep=", ",
+               hints=("<|tool_list_start|>", "List of tools: [")),  # fmt: skip
+    ToolFormat("gemma4", (
+        Lit("<|tool_call>call:"), Name(("{",)), Raw("<tool_call|>", gemma_decode, gemma_encode, gemma_grammar),
+        Lit("<tool_call|>"),
+    ), think=("<|channel>thought", "<channel|>")),  # fmt: skip
+    ToolFormat("functionary-v3.1", (Lit("<function="), Name((">",)), Lit(">"), Json(), Lit("</function>"))),
+    ToolFormat("functionary-v3.2", (Opt((Lit(">>>"),)), Name(("\n",)), Lit("\n"), Json()), starts=(">>>",),
+               strip=(">>>all\n",), sep="\n", bare=True),
+    ToolFormat("hermes", (Lit("<tool_call>\n"), Json("call"), Lit("\n</tool_call>")), sep="\n", dialect=Dialect.HERMES),
+    ToolFormat("json-tags", (Json("calls"),), open="<tool_calls>", close="</tool_calls>"),
+    ToolFormat("nemotron-v2", (Json("calls"),), open="<TOOLCALL>", close="</TOOLCALL>"),
+    ToolFormat("mistral-nemo", (Json("calls", trail={"id": "{id}"}),), open="[TOOL_CALLS]"),
+    ToolFormat("gigachat", (Json("call"),), open="<|function_call|>"),
+    ToolFormat("gigachat3", (Json("call"),), open="function call<|role_sep|>\n", strip=("<|message_sep|>",)),
+    ToolFormat("granite", (Json("calls"),), open="<|tool_call|>", hints=("<|tool_call|>",)),
+    ToolFormat(
+        "llama3", (Opt((Lit("<|python_tag|>"),)), Json("call", ("name", "parameters"))), starts=("<|python_tag|>", '{"name"'), sep="; ",
+        dialect=Dialect.LLAMA3,
+    ),
+)
+
+BY_NAME = {f.name: f for f in FORMATS}
+
+
+def props_of(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
+    """Each tool's parameter schemas by name: how XML-style values are typed."""
+    out: dict[str, Any] = {}
+    for t in tools or ():
+        fn = t.get("function") or {}
+        out[fn.get("name", "")] = (fn.get("parameters") or {}).get("properties") or {}
+    return out
+
+
+def as_json(arguments: Any) -> str:
+    return json.dumps(arguments, ensure_ascii=False)

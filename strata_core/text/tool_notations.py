@@ -1,0 +1,150 @@
+"""Two families write arguments in a notation of their own rather than JSON: LFM2 as Python
+calls (``[get_weather(city='Paris', days=2)]``) and Gemma 4 as bare-keyed objects with
+``<|"|>`` quoting strings (``{city:<|"|>Paris<|"|>,days:2}``). Each is read into JSON
+values, written back, and said as a grammar for one tool."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from typing import Any
+
+from strata_core.text.tool_syntax import Written, lark_str
+
+_JSON_NAMES = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
+
+
+def _literal(node: ast.expr) -> Any:
+    """A Python literal, where JSON's true / false / null also read (a grammar writes JSON)."""
+    if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
+        return _JSON_NAMES[node.id]
+    if isinstance(node, ast.Dict):
+        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values, strict=True) if k is not None}
+    if isinstance(node, ast.List | ast.Tuple):
+        return [_literal(e) for e in node.elts]
+    return ast.literal_eval(node)
+
+
+def python_decode(body: str, name: str | None) -> list[tuple[str, Any]] | None:
+    """``[f(a=1), g(b='x')]`` (or one call without the brackets) as (name, arguments)."""
+    try:
+        tree = ast.parse(body.strip(), mode="eval").body
+    except SyntaxError:
+        return None
+    items = tree.elts if isinstance(tree, ast.List) else [tree]
+    out = []
+    for call in items:
+        if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name) or call.args:
+            return None
+        try:
+            out.append((call.func.id, {k.arg: _literal(k.value) for k in call.keywords if k.arg}))
+        except (ValueError, TypeError, SyntaxError):
+            return None
+    return out or None
+
+
+def python_encode(c: Written) -> str:
+    args = ", ".join(f"{k}={v!r}" for k, v in (c.arguments or {}).items())
+    return f"{c.name}({args})"
+
+
+def python_call_end(text: str, at: int) -> int | None:
+    """Where the call ``name(...)`` at ``text[at]`` ends (after its ``)``); None if not yet.
+    Brackets inside quoted strings do not count."""
+    depth, quote, esc = 0, "", False
+    for i in range(at, len(text)):
+        ch = text[i]
+        if quote:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+            if depth < 0:
+                return -1
+    return None
+
+
+def _items(schema: Any, item: Any, sep: str) -> str:
+    """The arguments of one tool as a grammar says them, in the schema's order, each
+    ``item(key, prop)``, joined by ``sep``: the required ones always, the others optional."""
+    props = (schema or {}).get("properties") or {}
+    required = set((schema or {}).get("required") or ())
+    out = ""
+    for key, prop in props.items():
+        one = item(key, prop)
+        if not out:
+            out = one if key in required else f"({one})?"
+        elif key in required:
+            out += f" {lark_str(sep)} {one}"
+        else:
+            out += f" ({lark_str(sep)} {one})?"
+    return out or '""'
+
+
+def _json_value(prop: Any) -> str:
+    from strata_core.text.grammars import JSON_STYLE
+
+    return "%json " + json.dumps({**prop, "x-guidance": JSON_STYLE}, ensure_ascii=False)
+
+
+def python_grammar(name: str, schema: Any) -> str:
+    args = _items(schema, lambda k, p: f"{lark_str(k + '=')} {_python_value(p)}", ", ")
+    return f'{lark_str(name)} "(" {args} ")"'
+
+
+def _python_value(prop: Any) -> str:
+    if prop.get("type") == "string":  # as Python writes it (the template's repr)
+        return "\"'\" /[^'\\\\\\n]{1,200}/ \"'\""
+    return _json_value(prop)
+
+
+# ---- Gemma 4 ---------------------------------------------------------------------------------
+
+QUOTE = '<|"|>'
+_STRING = re.compile(re.escape(QUOTE) + "(.*?)" + re.escape(QUOTE), re.S)
+_KEY = re.compile(r'([{,]\s*)([A-Za-z_][\w.-]*)\s*:')
+
+
+def gemma_decode(body: str, name: str | None) -> list[tuple[str, Any]] | None:
+    if name is None:
+        return None
+    text = _KEY.sub(r'\1"\2":', _STRING.sub(lambda m: json.dumps(m.group(1)), body))
+    try:
+        args = json.loads(text)
+    except ValueError:
+        return None
+    return [(name, args)] if isinstance(args, dict) else None
+
+
+def gemma_value(value: Any) -> str:
+    if isinstance(value, str):
+        return QUOTE + value + QUOTE
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{gemma_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(gemma_value(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def gemma_encode(c: Written) -> str:
+    return gemma_value(c.arguments or {})
+
+
+def gemma_grammar(name: str, schema: Any) -> str:
+    def item(key: str, prop: Any) -> str:
+        if prop.get("type") == "string":
+            return f"{lark_str(key + ':')} {lark_str(QUOTE)} /[^<\\n]{{1,200}}/ {lark_str(QUOTE)}"
+        return f"{lark_str(key + ':')} {_json_value(prop)}"
+
+    return '"{" ' + _items(schema, item, ",") + ' "}"'

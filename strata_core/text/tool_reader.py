@@ -1,0 +1,142 @@
+"""A reply's tool calls read in its family's format (tool_formats.py), incrementally.
+
+Rules (tests/test_tool_formats.py checks them on every template of the corpus, at every
+chunk boundary):
+
+* Content streams as it comes until a marker where calls may begin; a tail that could be
+  the start of a marker is held until it is decided.
+* At a marker the calls block is read whole: each call becomes a first delta carrying
+  index, id, type and name, then one carrying its arguments (JSON text).
+* A marker whose text turns out not to be calls is content, unchanged, except a calls block
+  cut short at the end of a reply that already made calls; markup the family writes that
+  is neither (``strip``) makes no text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from strata_core.text.detokenize import held_prefix
+from strata_core.text.tool_formats import ToolFormat, as_json, props_of
+from strata_core.text.tool_syntax import PARTIAL, Read
+from strata_core.text.tools import (
+    CallDelta,
+    Event,
+    ToolCall,
+    ToolCallParser,
+    merged_events,
+    new_call_id,
+)
+
+
+def _earliest(text: str, marks: Sequence[str]) -> tuple[int, str] | None:
+    """The first marker in ``text`` (the longest where two begin at one place)."""
+    best: tuple[int, str] | None = None
+    for m in marks:
+        at = text.find(m)
+        if at >= 0 and (best is None or at < best[0] or (at == best[0] and len(m) > len(best[1]))):
+            best = (at, m)
+    return best
+
+
+class FormatParser:
+    """``push(text)`` returns the events now decided; ``flush()`` the rest at the end;
+    ``calls`` the calls read so far."""
+
+    def __init__(
+        self,
+        fmt: ToolFormat,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        new_id: Callable[[], str] = new_call_id,
+    ) -> None:
+        self.format = fmt
+        self._props = props_of(tools)
+        self._new_id = new_id
+        self._marks = fmt.markers()
+        self._buf = ""
+        self.calls: list[ToolCall] = []
+        self.spans: list[tuple[int, int]] = []  # where each calls block was, in the text pushed
+        self._at = 0  # offset of _buf[0] in the text pushed
+        self._fresh = fmt.bare  # at the reply's start, where a bare call may begin
+        self._said = False  # content other than whitespace was shown (until then it waits)
+
+    def push(self, text: str) -> list[Event]:
+        self._buf += text
+        return merged_events(self._scan(final=False))
+
+    def flush(self) -> list[Event]:
+        out = self._scan(final=True)
+        if self._buf:
+            self._say(self._cut(len(self._buf)), out)
+        return merged_events(out)
+
+    def _say(self, text: str, out: list[Event]) -> None:
+        """Content, except whitespace before a reply's first call or at the end of its calls."""
+        if self._said or (text.strip() or not (self.calls or self._buf)):
+            out.append(text)
+            self._said = self._said or bool(text.strip())
+
+    def _cut(self, n: int) -> str:
+        part, self._buf = self._buf[:n], self._buf[n:]
+        self._at += n
+        return part
+
+    def _scan(self, final: bool) -> list[Event]:
+        out: list[Event] = []
+        if self._fresh:
+            got = self.format.read_turn(self._buf, 0, final, self._props)
+            if got == PARTIAL:
+                return out
+            self._fresh = False
+            if not isinstance(got, str):
+                self._take(got, out)
+        while self._buf:
+            hit = _earliest(self._buf, self._marks + self.format.strip)
+            if hit is None:
+                hold = 0 if final else max(held_prefix(self._buf, m) for m in self._marks + self.format.strip)
+                if not final and not self._said and not self._buf[: len(self._buf) - hold].strip():
+                    break  # leading whitespace waits: a call may follow it
+                self._say(self._cut(len(self._buf) - hold), out)
+                break
+            at, mark = hit
+            self._say(self._cut(at), out)
+            if mark in self.format.strip and mark not in self._marks:
+                self._cut(len(mark))
+                continue
+            got = self.format.read_turn(self._buf, 0, final, self._props)
+            if got == PARTIAL:
+                break
+            if isinstance(got, str) and final and self.calls:  # calls cut short by the reply's end
+                self._cut(len(self._buf))
+                break
+            if isinstance(got, str):  # not calls after all: the marker is content
+                out.append(self._cut(len(mark)))
+                continue
+            self._take(got, out)
+        return out
+
+    def _take(self, reads: list[Read], out: list[Event]) -> None:
+        start = self._at
+        self._cut(reads[-1].end)
+        self.spans.append((start, self._at))
+        self._emit(reads, out)
+
+    def _emit(self, reads: list[Read], out: list[Event]) -> None:
+        for r in reads:
+            for name, args in r.calls:
+                call = ToolCall(r.id or self._new_id(), name, as_json(args))
+                index = len(self.calls)
+                self.calls.append(call)
+                out.append(CallDelta(index, "", call.id, call.name))
+                out.append(CallDelta(index, call.arguments))
+
+
+def reply_parser(
+    fmt: ToolFormat, tools: Sequence[Mapping[str, Any]] | None = None, new_id: Callable[[], str] = new_call_id
+) -> FormatParser | ToolCallParser:
+    """The parser of a reply in ``fmt``: the JSON families stream their arguments as they
+    come (tools.py), the rest read each call whole."""
+    if fmt.dialect is not None:
+        return ToolCallParser(fmt.dialect, new_id)
+    return FormatParser(fmt, tools, new_id)

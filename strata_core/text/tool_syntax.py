@@ -1,0 +1,442 @@
+"""The pieces a model family writes one tool call with, each able to read itself from text
+(whole or cut short), write itself, and say itself as an llguidance Lark rule.
+
+A call is a tuple of parts, read left to right: :class:`Lit` (a marker), :class:`Name`
+(the function's name, up to a marker), :class:`Id` (a call id), :class:`Skip` (text the
+family writes there that carries nothing, e.g. ``<|constrain|>json``), :class:`Opt`
+(parts that may be absent), :class:`Json` (a JSON value: the arguments, one call object,
+or a list of them), :class:`Params` (XML-style ``key``/``value`` pairs) and :class:`Raw`
+(a family's own notation, read and written by two functions).
+
+Reading returns :data:`PARTIAL` while the text so far could still become the call,
+:data:`FAIL` when it cannot, else the fields read and where the call ended. Whitespace
+before a marker or a JSON value is skipped, since templates put newlines there freely.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from strata_core.text.grammars import JSON_STYLE
+
+PARTIAL = "partial"
+FAIL = "fail"
+
+#: A name or id longer than this is not one: the text is not a call.
+MAX_FIELD = 256
+
+
+@dataclass
+class Read:
+    """What reading a call found: ``calls`` holds (name, arguments object) pairs; ``id``
+    the id the model wrote, if the family writes one."""
+
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+    props: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # tool -> its parameters
+    name: str | None = None
+    id: str | None = None
+    end: int = 0
+
+
+@dataclass
+class Written:
+    """One call as the family writes it: name, arguments object, id, place in the turn."""
+
+    name: str
+    arguments: Any
+    id: str = ""
+    index: int = 0
+
+
+def _ws(text: str, at: int) -> int:
+    while at < len(text) and text[at].isspace():
+        at += 1
+    return at
+
+
+def lark_str(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+#: Whitespace a grammar lets the model write before a marker: bounded, so that a small
+#: model cannot pad forever.
+WS = "/[ \\t\\r\\n]{0,8}/"
+
+
+def lit_rule(text: str) -> str:
+    """A marker as a grammar says it: where the family may put whitespace (at its ends,
+    inside it, between two tags) any little is allowed."""
+    pieces = [p for p in re.split(r"\s+|(?<=>)(?=<)", text) if p]
+    return " ".join(f"{WS} {lark_str(p)}" for p in pieces) if pieces else '""'
+
+
+@dataclass(frozen=True)
+class Lit:
+    text: str  # as written; read with the whitespace around it free
+
+    def read(self, text: str, at: int, r: Read, final: bool) -> int | str:
+        want = self.text.strip()
+        at = _ws(text, at) if want else at
+        rest = text[at : at + len(want)]
+        if rest == want:
+            return at + len(want)
+        return PARTIAL if want.startswith(rest) and at + len(rest) == len(text) and not final else FAIL
+
+    def write(self, c: Written, tools: Mapping[str, Any]) -> str:
+        return self.text
+
+    def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
+        return lit_rule(self.text)
+
+
+def _until(text: str, at: int, stops: Sequence[str], final: bool) -> tuple[int, int] | str:
+    """(start of the first stop, its length) at or after ``at``; PARTIAL / FAIL."""
+    hits = [(text.find(s, at), len(s)) for s in stops]
+    found = [h for h in hits if h[0] >= 0]
+    if found:
+        first = min(found)
+        return FAIL if first[0] - at > MAX_FIELD else first
+    if len(text) - at > MAX_FIELD or final:
+        return FAIL
+    return PARTIAL
+
+
+@dataclass(frozen=True)
+class Name:
+    """The name, up to the first of ``stops`` (not consumed); ``fmt`` writes it (``{name}``,
+    ``{index}``: the call's place), ``pattern`` reads it back (group 1)."""
+
+    stops: tuple[str, ...]
+    fmt: str = "{name}"
+    pattern: str = r"(.+)"
+
+    def read(self, text: str, at: int, r: Read, final: bool) -> int | str:
+        hit = _until(text, at, self.stops, final)
+        if isinstance(hit, str):
+            return hit
+        m = re.fullmatch(self.pattern, text[at : hit[0]].strip(), re.S)
+        if m is None or not m.group(1).strip():
+            return FAIL
+        r.name = m.group(1).strip()
+        return hit[0]
+
+    def write(self, c: Written, tools: Mapping[str, Any]) -> str:
+        return self.fmt.format(name=c.name, index=c.index)
+
+    def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
+        head, _, tail = self.fmt.partition("{name}")
+        parts = [lark_str(head)] if head else [WS]
+        parts.append(lark_str(name))
+        if "{index}" in tail:
+            before, _, after = tail.partition("{index}")
+            parts += [lark_str(before)] if before else []
+            parts.append("/[0-9]{1,2}/")
+            parts += [lark_str(after)] if after else []
+        elif tail:
+            parts.append(lark_str(tail))
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Id:
+    """A call id up to the first of ``stops`` (not consumed); written as the call's id."""
+
+    stops: tuple[str, ...]
+    regex: str = "[A-Za-z0-9_-]{1,40}"
+
+    def read(self, text: str, at: int, r: Read, final: bool) -> int | str:
+        hit = _until(text, at, self.stops, final)
+        if isinstance(hit, str):
+            return hit
+        r.id = text[at : hit[0]].strip()
+        return hit[0]
+
+    def write(self, c: Written, tools: Mapping[str, Any]) -> str:
+        return c.id
+
+    def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
+        return f"/{self.regex}/"
+
+
+@dataclass(frozen=True)
+class Skip:
+    """Text that carries nothing, up to the first of ``stops`` (not consumed); written as
+    ``written``."""
+
+    stops: tuple[str, ...]
+    written: str = ""
+    regex: str = ""  # what a grammar lets the model write there (else ``written``)
+
+    def read(self, text: str, at: int, r: Read, final: bool) -> int | str:
+        hit = _until(text, at, self.stops, final)
+        return hit if isinstance(hit, str) else hit[0]
+
+    def write(self, c: Written, tools: Mapping[str, Any]) -> str:
+        return self.written
+
+    def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
+        return f"/{self.regex}/" if self.regex else lit_rule(self.written)
+
+
+@dataclass(frozen=True)
+class Opt:
+    """Parts that may be absent: absent when the first one does not match."""
+
+    parts: tuple[Part, ...]
+
+    def read(self, text: str, at: int, r: Read, final: bool) -> int | str:
+        first = self.parts[0].read(text, at, r, final)
+        if first == FAIL:
+            return at
+        if first == PARTIAL:
+            return PARTIAL
+        return read_parts(self.parts, text, at, r, final)
+
+    def write(self, c: Written, tools: Mapping[str, Any]) -> str:
+        return write_parts(self.parts, c, tools)
+
+    def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
+        return f"({' '.join(p.rule(name, schema, style) for p in self.parts)})?"
+
+
+def json_end(text: str, at: int) -> int | None:
+    """Where the JSON object or array starting at ``text[at]`` ends; None if it does not yet."""
+    depth, in_str, esc = 0, False, False
+    for i in range(at, len(text)):
+        ch = text[i]
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
+
+
+#: Keys of a call object: the name's, then the arguments' (first found wins).
+NAME_KEYS = ("name", "tool_name")
+ARGS_KEYS = ("arguments", "parameters")
+
+
+def call_of(obj: Any) -> tuple[str, Any] | None:
+    """(name, arguments) of one call object, or None; ``{"name": {...}}`` (a single key
+    whose value is the arguments) reads as a call of ``name``."""
+    if not isinstance(obj, dict):
+        return None
+    for key in NAME_KEYS:
+        if isinstance(obj.get(key), str):
+            args: Any = next((obj[k] for k in ARGS_KEYS if k in obj), {})
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except ValueError:
+                    return None
+            return (obj[key], {} if args is None else args)
+    if len(obj) == 1:
+        (name, args), = obj.items()
+        if isinstance(args, dict):
+            return name, args
+    return None
+
+
+@dataclass(frozen=True)
+class Json:
+    """A JSON value: ``args`` the arguments of the call named before it; ``call`` one call
+    object (``keys``: its name and arguments keys as written); ``calls`` a list of them
+    (one bare object also reads)."""
+
+    what: str = "args"
+    keys: tuple[str, str] = ("name", "arguments")
+    lead: dict[str, str] = field(default_factory=dict)  # keys written before the name
+    trail: dict[str, str] = field(default_factory=dict)  # and after the arguments
+    keyed: bool = False  # a call is {name: arguments}
+    indent: int | None = None
+
+    def read(self, text: str, at: int, r: Read, final: bool) -> int | str:
+        at = _ws(text, at)
+        if at == len(text):
+            return FAIL if final else PARTIAL
+        if text[at] not in "{[":
+            return FAIL
+        end = json_end(text, at)
+        if end is None:
+            return FAIL if final else PARTIAL
+        try:
+            value = json.loads(text[at:end])
+        except ValueError:
+            return FAIL
+        if self.what == "args":
+            if not isinstance(value, dict) or r.name is None:
+                return FAIL
+            r.calls.append((r.name, value))
+            return end
+        items = value if isinstance(value, list) and self.what == "calls" else [value]
+        calls = [call_of(v) for v in items]
+        if not calls or any(c is None for c in calls):
+            return FAIL
+        r.calls += [c for c in calls if c is not None]
+        return end
+
+    def _obj(self, c: Written) -> dict[str, Any]:
+        if self.keyed:
+            return {c.name: c.arguments}
+        lead = {k: v.format(id=c.id, index=c.index) for k, v in self.lead.items()}
+        trail = {k: v.format(id=c.id, index=c.index) for k, v in self.trail.items()}
+        return {**lead, self.keys[0]: c.name, self.keys[1]: c.arguments, **trail}
+
+    def write(self, c: Written, tools: Mapping[str, Any]) -> str:
+        value = c.arguments if self.what == "args" else self._obj(c)
+        return json.dumps(value, ensure_ascii=False, indent=self.indent)
+
+    def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
+        params = schema or {"type": "object"}
+        if self.keyed:
+            params = {"type": "object", "properties": {name: params}, "required": [name], "additionalProperties": False}
+        elif self.what != "args":
+            props: dict[str, Any] = {k: {"type": "string"} for k in self.lead}
+            props |= {self.keys[0]: {"const": name}, self.keys[1]: params}
+            props |= {k: {"type": "string"} for k in self.trail}
+            params = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+        value = "%json " + json.dumps({**params, "x-guidance": style}, ensure_ascii=False)
+        return f"{WS} {value}"  # a list of calls: the format's grammar says the list
+
+
+def _value(raw: str, prop: Mapping[str, Any] | None, as_string: bool | None) -> Any:
+    """A parameter's value as its schema wants it: text for a string, else JSON if it reads."""
+    if as_string is None:
+        kind = (prop or {}).get("type")
+        as_string = kind == "string" or (isinstance(kind, list) and "string" in kind and len(kind) == 1)
+    if as_string:
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+@dataclass(frozen=True)
+class Params:
+    """XML-style parameters up to ``end`` (not consumed): each as ``fmt`` writes it
+    (``{key}``, ``{value}``, ``{string}``: "true" for a string value), read by ``pattern``
+    (groups ``key``, ``value``, optionally ``string``); ``trim``: the newline the family
+    writes around a value is not part of it."""
+
+    end: str
+    fmt: str
+    pattern: str
+    trim: bool = False
+    words: tuple[str, str] = ("true", "false")  # what {string} says of a string, of anything else
+
+    def read(self, text: str, at: int, r: Read, final: bool) -> int | str:
+        hit = text.find(self.end, at)
+        if hit < 0:
+            return FAIL if final else PARTIAL
+        if r.name is None:
+            return FAIL
+        props = r.props.get(r.name, {})
+        args: dict[str, Any] = {}
+        for m in re.finditer(self.pattern, text[at:hit], re.S):
+            raw = m.group("value")
+            if self.trim:
+                raw = raw.removeprefix("\n").removesuffix("\n")
+            flag = m.groupdict().get("string")
+            key = m.group("key").strip()
+            args[key] = _value(raw, props.get(key), None if flag is None else flag == self.words[0])
+        r.calls.append((r.name, args))
+        return hit
+
+    def write(self, c: Written, tools: Mapping[str, Any]) -> str:
+        out = []
+        for key, value in (c.arguments or {}).items():
+            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            string = self.words[0] if isinstance(value, str) else self.words[1]
+            out.append(self.fmt.replace("{key}", key).replace("{string}", string).replace("{value}", text))
+        return "".join(out)
+
+    def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
+        props = (schema or {}).get("properties") or {}
+        required = set((schema or {}).get("required") or ())
+        head, _, tail = self.fmt.partition("{value}")
+        items = []
+        for key, prop in props.items():
+            string = prop.get("type") == "string"
+            h = head.replace("{key}", key).replace("{string}", self.words[0] if string else self.words[1])
+            t = tail.replace("{key}", key)
+            if string:
+                stop = re.escape(t.strip()[:1] or "<").replace("/", "\\/")
+                value = f"/[^{stop}\\n]{{1,200}}/"
+            else:
+                value = "%json " + json.dumps({**prop, "x-guidance": style}, ensure_ascii=False)
+            item = f"({lit_rule(h)} {lark_str(chr(10)) + '? ' if self.trim else ''}{value} {lit_rule(t)})"
+            items.append(item if key in required else item + "?")
+        return " ".join(items) or '""'
+
+
+@dataclass(frozen=True)
+class Raw:
+    """A family's own notation of the arguments (or of several calls), up to ``end`` (not
+    consumed): ``decode`` reads it into (name, arguments) pairs given the name read before
+    it, ``encode`` writes one call, ``grammar`` says it for one tool (name, schema)."""
+
+    end: str
+    decode: Callable[[str, str | None], list[tuple[str, Any]] | None]
+    encode: Callable[[Written], str]
+    grammar: Callable[[str, Any], str]
+    scan: Callable[[str, int], int | None] | None = None  # where it ends (None: not yet), else at ``end``
+
+    def read(self, text: str, at: int, r: Read, final: bool) -> int | str:
+        if self.scan is not None:
+            at = _ws(text, at)
+            found = self.scan(text, at)
+            hit = found if found is not None else -1
+        else:
+            hit = text.find(self.end, at)
+        if hit < 0:
+            if not final:
+                return PARTIAL
+            hit = len(text)
+        calls = self.decode(text[at:hit].strip(), r.name)
+        if not calls:
+            return FAIL
+        r.calls += calls
+        return hit
+
+    def write(self, c: Written, tools: Mapping[str, Any]) -> str:
+        return self.encode(c)
+
+    def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
+        return self.grammar(name, schema)
+
+
+Part = Lit | Name | Id | Skip | Opt | Json | Params | Raw
+
+
+def read_parts(parts: Sequence[Part], text: str, at: int, r: Read, final: bool) -> int | str:
+    for p in parts:
+        got = p.read(text, at, r, final)
+        if isinstance(got, str):
+            return got
+        at = got
+    return at
+
+
+def write_parts(parts: Sequence[Part], c: Written, tools: Mapping[str, Any]) -> str:
+    return "".join(p.write(c, tools) for p in parts)
+
+
+def rule_of(parts: Sequence[Part], name: str, schema: Any, flexible: bool = False) -> str:
+    style = {"whitespace_flexible": True} if flexible else JSON_STYLE
+    return " ".join(r for r in (p.rule(name, schema, style) for p in parts) if r != '""') or '""'

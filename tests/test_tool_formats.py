@@ -1,0 +1,286 @@
+"""Every template of the pinned corpus that reads ``tools``, by file name: (a) its own
+rendering of an assistant turn with two calls reads back as those calls in the family's
+format, whole and at every chunk boundary; (b) the grammar forcing a call (required, and
+named) accepts that rendering. Pure and fast; the HTTP halves, (c) and (d), are in
+tests/test_tool_corpus_e2e.py."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import llguidance
+import pytest
+
+from strata_core.testing.templates import (
+    CALLS,
+    TIME,
+    TOOLS,
+    WEATHER,
+    assistant_turn,
+    template_source,
+    tool_templates,
+)
+from strata_core.text.chat import ChatTemplate
+from strata_core.text.grammars import grammar_error, llguidance_grammar
+from strata_core.text.tool_formats import ToolFormat
+from strata_core.text.tool_reader import FormatParser, reply_parser
+from strata_core.text.tool_setup import ToolSetup, probe, turn_text
+
+TEMPLATES = tool_templates()
+
+#: Templates that write one call a turn: they refuse a second (Llama 3.x) or drop it
+#: (GigaChat, gpt-oss end the turn after a call). Checked with one call.
+ONE_CALL_A_TURN = {
+    "meta-llama-Llama-3.1-8B-Instruct.jinja": "raises 'only supports single tool-calls at once'",
+    "meta-llama-Llama-3.2-3B-Instruct.jinja": "raises 'only supports single tool-calls at once'",
+    "meta-llama-Llama-3.3-70B-Instruct.jinja": "raises 'only supports single tool-calls at once'",
+    "GigaChat3-10B-A1.8B.jinja": "renders the first call only",
+    "GigaChat3.1-10B-A1.8B.jinja": "renders the first call only",
+    "openai-gpt-oss-120b.jinja": "renders the first call only (a call ends the message)",
+}
+#: Templates that write each call as an assistant message of its own: the model writes one
+#: a turn. Checked with one call.
+MESSAGE_PER_CALL = {"muse-glimmer.jinja"}
+
+
+def setup_of(name: str) -> tuple[ChatTemplate, ToolSetup]:
+    template = ChatTemplate(template_source(name), bos_token="<s>", eos_token="</s>")
+    setup = probe(template)
+    assert setup is not None, f"{name}: no format found for its rendering of a call"
+    return template, setup
+
+
+def rendered(name: str) -> tuple[ToolSetup, str, list[tuple[str, dict[str, Any]]]]:
+    """The template's setup, the text it renders for an assistant turn making the calls
+    (after the generation prompt), and the calls it rendered."""
+    template, setup = setup_of(name)
+    calls = CALLS
+    if name in ONE_CALL_A_TURN or name in MESSAGE_PER_CALL:
+        calls = CALLS[:1]
+    ids = [setup.new_id() for _ in calls]
+    text = turn_text(template, setup.messages([assistant_turn(calls, ids)]), setup.tools(TOOLS))
+    assert text is not None, f"{name}: the template refuses the turn"
+    for call_name, _ in calls:
+        assert call_name in text, f"{name}: the template did not render {call_name}"
+    # the reply ends with its calls; some templates go on with the next turn's header or,
+    # as Command R+ does, with instructions of their own
+    p = FormatParser(setup.format, TOOLS)
+    p.push(text)
+    p.flush()
+    assert p.spans, f"{name} ({setup.format.name}): no calls read in {text!r}"
+    return setup, text[: p.spans[-1][1]], calls
+
+
+def parse(fmt: ToolFormat, text: str, cuts: list[int]) -> tuple[str, list[tuple[str, Any]], list[Any]]:
+    p = reply_parser(fmt, TOOLS)
+    events: list[Any] = []
+    at = 0
+    for c in cuts + [len(text)]:
+        events += p.push(text[at:c])
+        at = c
+    events += p.flush()
+    content = "".join(e for e in events if isinstance(e, str))
+    return content, [(c.name, json.loads(c.arguments)) for c in p.calls], events
+
+
+def test_the_corpus_is_there() -> None:
+    assert len(TEMPLATES) >= 60, TEMPLATES
+
+
+def test_two_calls_render_in_all_but_the_one_call_templates() -> None:
+    for name in TEMPLATES:
+        template, setup = setup_of(name)
+        ids = [setup.new_id() for _ in CALLS]
+        text = turn_text(template, setup.messages([assistant_turn(CALLS, ids)]), setup.tools(TOOLS))
+        both = text is not None and all(n in text for n, _ in CALLS)
+        assert both == (name not in ONE_CALL_A_TURN), name
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_a_rendered_turn_reads_back(name: str) -> None:
+    """(a): the calls come back, whole and at every chunk boundary, with no call markup in
+    the content."""
+    setup, text, calls = rendered(name)
+    content, got, _ = parse(setup.format, text, [])
+    assert got == calls, f"{name} ({setup.format.name}): {text!r}"
+    for marker in setup.format.markers():
+        assert marker not in content, f"{name}: {marker!r} reached the content {content!r}"
+    for n, _ in calls:
+        assert n not in content, f"{name}: {content!r}"
+    for cut in range(1, len(text)):
+        assert parse(setup.format, text, [cut])[:2] == (content, got), f"{name}: cut at {cut}"
+    assert parse(setup.format, text, list(range(1, len(text))))[:2] == (content, got)
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_streamed_calls_have_openai_shape(name: str) -> None:
+    setup, text, calls = rendered(name)
+    _, _, events = parse(setup.format, text, list(range(1, len(text), 7)))
+    deltas = [e for e in events if not isinstance(e, str)]
+    seen: set[int] = set()
+    for d in deltas:
+        assert (d.index not in seen) == (d.id is not None and d.name is not None), (name, d)
+        seen.add(d.index)
+    assert sorted(seen) == list(range(len(calls)))
+
+
+# ---- (b) the grammar ----------------------------------------------------------------------
+
+
+class _Bytes:
+    """A tokenizer whose tokens are the 256 bytes: a matcher fed a text's bytes checks the
+    text itself against the grammar."""
+
+    eos_token_id = 256
+    bos_token_id = None
+    tokens = [bytes([i]) for i in range(256)] + [b"<end>"]
+    special_token_ids = [256]
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        return list(text if isinstance(text, bytes) else text.encode())
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Bytes()))
+
+
+def accepts(tokenizer: Any, grammar: str, text: str) -> bool:
+    m = llguidance.LLMatcher(tokenizer, llguidance_grammar("lark", grammar), log_level=0)
+    assert not m.is_error(), m.get_error()
+    return bool(m.consume_tokens(list(text.encode()))) and m.is_accepting() and not m.is_error()
+
+
+def grammar_of(fmt: ToolFormat, tools: list[dict[str, Any]], parallel: bool) -> str:
+    return fmt.grammar(tools, parallel=parallel)
+
+
+def calls_block(setup: ToolSetup, text: str) -> str:
+    """The part of ``text`` that holds the calls (what a forced reply writes)."""
+    p = FormatParser(setup.format, TOOLS)
+    p.push(text)
+    p.flush()
+    assert len(p.spans) == 1, p.spans
+    start, end = p.spans[0]
+    return text[start:end].strip()
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_the_grammar_accepts_the_templates_rendering(name: str, tokenizer: Any) -> None:
+    """(b): required (every tool, parallel) and named (one tool, one call)."""
+    setup, text, calls = rendered(name)
+    required = grammar_of(setup.format, TOOLS, parallel=True)
+    assert grammar_error(llguidance_grammar("lark", required)) == "", required
+    block = calls_block(setup, text)
+    assert accepts(tokenizer, required, block), f"{name}:\n{required}\n{block!r}"
+    template, _ = setup_of(name)
+    one = turn_text(template, setup.messages([assistant_turn(CALLS[:1], [setup.new_id()])]), setup.tools(TOOLS))
+    assert one is not None
+    named = grammar_of(setup.format, [WEATHER], parallel=False)
+    assert accepts(tokenizer, named, calls_block(setup, one)), f"{name}:\n{named}"
+    assert not accepts(tokenizer, grammar_of(setup.format, [TIME], parallel=False), calls_block(setup, one))
+
+
+def test_a_call_block_cut_short_after_calls_makes_no_content() -> None:
+    """A reply of calls that ran out of tokens mid-call: the calls stand, the fragment is
+    no content (it is markup); before any call, such text stays content."""
+    _, setup = setup_of("Qwen3-Coder.jinja")
+    one = '<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>'
+    cut = "\n<tool_call>\n<function=get_time>\n<parameter=zo"
+    content, calls, _ = parse(setup.format, one + cut, [len(one) + 5])
+    assert calls == [("get_time", {"zone": "UTC"})] and content == ""
+    content, calls, _ = parse(setup.format, "Maybe " + cut, [])
+    assert calls == [] and content == "Maybe " + cut
+
+
+def test_a_forced_turn_makes_as_many_calls_as_tools_are_offered(tokenizer: Any) -> None:
+    from strata_core.text.tool_formats import most_calls
+
+    _, setup = setup_of("Qwen3-Coder.jinja")
+    one = '<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>'
+    for tools in ([TIME], TOOLS, [TIME] * 3, [TIME] * 20):
+        n = most_calls(len(tools))
+        assert n == min(max(len(tools), 2), 8)
+        g = setup.format.grammar(tools)
+        assert accepts(tokenizer, g, "\n".join([one] * n))
+        assert not accepts(tokenizer, g, "\n".join([one] * (n + 1)))
+
+
+# ---- reasoning per family, history shapes, derived formats --------------------------------
+
+
+def reply(name: str, text: str, thinking: bool = False) -> tuple[str, str, list[tuple[str, Any]]]:
+    """(reasoning, content, calls) of a reply in ``name``'s family, as the server splits it."""
+    from strata_core.text.reasoning import ThinkSplitter
+
+    _, setup = setup_of(name)
+    think = ThinkSplitter(thinking, setup.format.think)
+    pieces = think.push(text) + think.flush()
+    reasoning = "".join(p.text for p in pieces if p.kind == "reasoning")
+    content, calls, _ = parse(setup.format, "".join(p.text for p in pieces if p.kind == "content"), [])
+    return reasoning, content, calls
+
+
+def test_harmony_channels() -> None:
+    gpt = "openai-gpt-oss-120b.jinja"
+    call = ("<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
+            'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>')  # fmt: skip
+    assert reply(gpt, call) == ("Need the weather.", "", [("get_weather", {"city": "Paris"})])
+    final = "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>Hi there<|return|>"
+    assert reply(gpt, final) == ("Easy.", "Hi there", [])
+
+
+def test_family_reasoning_tags() -> None:
+    assert reply("ByteDance-Seed-OSS.jinja", "<seed:think>hmm</seed:think>Hello") == ("hmm", "Hello", [])
+    assert reply("Cohere2MoE.jinja", "<|START_THINKING|>plan<|END_THINKING|>Hi") == ("plan", "Hi", [])
+    assert reply("mistralai-Ministral-3-14B-Reasoning-2512.jinja", '[THINK]a[/THINK][TOOL_CALLS]get_time[ARGS]{"zone": "UTC"}') == (
+        "a", "", [("get_time", {"zone": "UTC"})])  # fmt: skip
+    # the generation prompt opened the block: the reply starts inside it
+    assert reply("Qwen3.5-4B.jinja", "mull</think>\n\nok", thinking=True) == ("mull", "ok", [])
+
+
+def test_history_shapes() -> None:
+    """Mistral: 9-alphanumeric ids (the same for a call and its result); Functionary v3.2:
+    arguments as text; LFM2 and Granite 3.3: the calls written into the content."""
+    call = {"id": "call_" + "x" * 24, "type": "function", "function": {"name": "get_time", "arguments": {"zone": "UTC"}}}
+    history = [{"role": "assistant", "content": "", "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": call["id"], "content": "noon"}]  # fmt: skip
+    _, mistral = setup_of("Mistral-Small-3.2-24B-Instruct-2506.jinja")
+    shaped = mistral.messages(history)
+    short = shaped[0]["tool_calls"][0]["id"]
+    assert len(short) == 9 and short.isalnum() and shaped[1]["tool_call_id"] == short
+    assert len(mistral.new_id()) == 9
+    _, functionary = setup_of("meetkai-functionary-medium-v3.2.jinja")
+    assert functionary.messages(history)[0]["tool_calls"][0]["function"]["arguments"] == '{"zone": "UTC"}'
+    _, lfm = setup_of("LFM2-8B-A1B.jinja")
+    shaped = lfm.messages(history)
+    assert "tool_calls" not in shaped[0]
+    assert shaped[0]["content"] == "<|tool_call_start|>[get_time(zone='UTC')]<|tool_call_end|>"
+    _, command_r = setup_of("CohereForAI-c4ai-command-r-plus-tool_use.jinja")
+    tools = command_r.tools([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string"}}}}}])  # fmt: skip
+    assert tools is not None and tools[0]["function"]["parameters"]["properties"]["a"]["description"] == ""
+
+
+UNKNOWN = (
+    "{% if tools %}tools: {{ tools | tojson }}{% endif %}{% for m in messages %}<|{{ m.role }}|>{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}<<CALL {{ c.function.name }} ARGS {{ c.function.arguments | tojson }}>>{% endfor %}"
+    "<|end|>{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def test_a_format_is_derived_from_an_unknown_template(tokenizer: Any) -> None:
+    setup = ChatTemplate(UNKNOWN).tool_setup
+    assert setup is not None and setup.derived and setup.format.name == "derived"
+    text = 'Sure. <<CALL get_time ARGS {"zone": "UTC"}>>'
+    content, calls, _ = parse(setup.format, text, [])
+    assert (content, calls) == ("Sure. ", [("get_time", {"zone": "UTC"})])
+    for cut in range(1, len(text)):
+        assert parse(setup.format, text, [cut])[:2] == (content, calls)
+    assert accepts(tokenizer, setup.format.grammar([TIME], parallel=False), '<<CALL get_time ARGS {"zone": "UTC"}>>')
+
+
+def test_nothing_derivable_leaves_the_generic_format() -> None:
+    odd = "{% for m in messages %}{{ m.content }}{% for c in m.tool_calls or [] %}{{ c.function.name }}{% endfor %}{% endfor %}{{ tools | length }}"
+    assert ChatTemplate(odd).tool_setup is None
