@@ -22,6 +22,7 @@ from strata_core.requests import (
     ChatRequest,
     Strict,
     TopP,
+    check_stop_lengths,
     drop_unset,
     invalid,
     parse_request,
@@ -172,6 +173,7 @@ class MessagesRequest(CountTokensRequest):
     def _stops(cls, value: list[str] | None) -> list[str] | None:
         if value is not None and not all(value):
             raise invalid("stop sequences must not be empty")
+        check_stop_lengths(value or [])
         return value
 
     @model_validator(mode="after")

@@ -30,14 +30,15 @@ from strata_core.reader import (
     TokenEvent,
     Usage,
 )
-from strata_core.requests import BaseRequest, ChatRequest
+from strata_core.requests import BaseRequest, ChatRequest, Tool
 from strata_core.sampling import REQUEST_PARAMS, gen_options, max_new_tokens, resolve_seed
 from strata_core.text.chat import FALLBACK_TEMPLATE, ChatTemplate, TemplateError
 from strata_core.text.choice import ChatShape, ChoiceText, Delta, carry
+from strata_core.text.constraints import request_constraint
 from strata_core.text.generic_tools import generic_grammar, generic_instruction, generic_messages
-from strata_core.text.grammars import grammar_error, llguidance_grammar
+from strata_core.text.grammars import grammar_error, json_schema_grammar, llguidance_grammar
 from strata_core.text.reasoning import prompt_opens_think
-from strata_core.text.structured import Constraint, constraint_for
+from strata_core.text.structured import Constraint
 from strata_core.text.tools import Dialect, call_grammar
 
 T = TypeVar("T")
@@ -79,6 +80,29 @@ async def disconnected(request: Request) -> None:
     message is the disconnect."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+def check_parameters(tool: Tool) -> None:
+    """400 naming the tool when its ``parameters`` schema admits no value: checked alone,
+    since inside a call grammar its emptiness shows only once the call's text has begun."""
+    params = tool.function.parameters
+    if params is None:
+        return
+    try:
+        problem = grammar_error(json_schema_grammar(params, lenient=not tool.function.strict))
+    except ValueError as exc:
+        problem = str(exc)
+    if problem:
+        raise ApiError(400, f"the parameters of tool {tool.function.name!r} cannot be enforced: {problem}",
+                       param="tools", code="invalid_value")  # fmt: skip
+
+
+def grammar_refused(message: str, param: str | None) -> ApiError:
+    """The answer to an engine's ERR saying llguidance refused the request's grammar: the
+    caller's constraint, so a 400 (its short reason; the engine's log has the rest)."""
+    reason = message.removeprefix(proto.GRAMMAR_REFUSED).strip()
+    where = f"'{param}'" if param else "the request's constraint"
+    return ApiError(400, f"{where} cannot be enforced: {reason}", param=param, code="invalid_value")
 
 
 def engine_unavailable(why: object) -> ApiError:
@@ -249,6 +273,8 @@ class Service:
                 param="tool_choice",
                 code="unsupported_value",
             )
+        for tool in req.forced_tools():
+            check_parameters(tool)
         tools = [t.template_view() for t in req.forced_tools()]
         parallel = req.parallel_tool_calls is not False
         if generic:
@@ -288,13 +314,21 @@ class Service:
             )
         return max_new if max_new is not None else n_ctx - n
 
-    def constrain(self, req: BaseRequest, grammar: str | None) -> tuple[str | None, Constraint | None]:
-        """The grammar option of a choice and its response_format's constraint: a forced tool
-        call's ``grammar`` goes first, else the response_format's."""
-        constraint = constraint_for(req.response_format)
-        if constraint is not None and grammar is None:
-            grammar = constraint.gen_value()
-        return grammar, constraint
+    def constrain(
+        self, req: BaseRequest, grammar: str | None, format_param: str = "response_format"
+    ) -> tuple[str | None, Constraint | None, str | None]:
+        """The grammar option of a choice, its JSON constraint (to reconcile the answer with)
+        and the parameter the grammar came from: a forced tool call's ``grammar`` (``tools``),
+        or the request's response_format (``format_param``), structured_outputs or grammar."""
+        asked = request_constraint(req, format_param)
+        if grammar is not None:
+            if asked is not None:
+                raise ApiError(400, f"the tool call this request forces and {asked.param} both constrain the "
+                               "reply; send one", param=asked.param, code="unsupported_value")  # fmt: skip
+            return grammar, None, "tools"
+        if asked is not None:
+            return asked.gen_value, asked.json, asked.param
+        return None, None, None
 
     async def start_chat(
         self, req: ChatRequest, param: str, limit_param: str, format_param: str = "response_format"
@@ -304,11 +338,11 @@ class Service:
         their names of the conversation, the token limit and the reply's format, for errors."""
         self.ready()
         prompt, shape = await self.chat_prompt(req)
-        grammar, constraint = self.constrain(req, self.tool_grammar(req, format_param))
+        grammar, constraint, grammar_param = self.constrain(req, self.tool_grammar(req, format_param), format_param)
         seed = resolve_seed(req.seed)
         max_new = self.check_lengths(prompt, req, param, limit_param)
         opts = self.options(req, seed=seed, max_tokens=max_new, grammar=grammar)
-        pieces = self.start_choice(prompt, opts, req.stop_list(), shape=shape)
+        pieces = self.start_choice(prompt, opts, req.stop_list(), shape=shape, grammar_param=grammar_param)
         return ChatRun(pieces, len(prompt), seed, constraint)
 
     # ---- one choice -----------------------------------------------------------------------
@@ -342,21 +376,26 @@ class Service:
         stops: list[str],
         echo: str = "",
         shape: ChatShape | None = None,
+        grammar_param: str | None = None,
     ) -> AsyncIterator[Delta]:
         """Send GEN now (so an unavailable engine fails before the first byte); the choice's
         pieces as they come.
 
         ``echo``: text shown before the generated text (completions' ``echo``);
-        ``shape``: a chat reply's reasoning / tool-call split (None: plain text).
+        ``shape``: a chat reply's reasoning / tool-call split (None: plain text);
+        ``grammar_param``: the parameter the grammar came from, named if the engine refuses it.
         """
         try:
             stream = self.engine.generate(prompt, options)
         except EngineUnavailable as exc:
             raise engine_unavailable(exc) from None
         self.metrics.requests.inc()
-        return self._follow(stream, ChoiceText(self.pieces, stops, options.logprobs, shape), echo)
+        choice = ChoiceText(self.pieces, stops, options.logprobs, shape)
+        return self._follow(stream, choice, echo, grammar_param)
 
-    async def _follow(self, stream: RequestStream, choice: ChoiceText, echo: str) -> AsyncIterator[Delta]:
+    async def _follow(
+        self, stream: RequestStream, choice: ChoiceText, echo: str, grammar_param: str | None
+    ) -> AsyncIterator[Delta]:
         t0 = time.perf_counter()
         last = t0
         # entries released with no text (a stop, a think tag): sent with the next piece
@@ -383,15 +422,17 @@ class Service:
                     else:
                         carried = piece
                 if end is not None:
-                    yield self._last_piece(end, choice, carried)
+                    yield self._last_piece(end, choice, carried, grammar_param)
                     return
         finally:
             if not stream.finished:
                 self.engine.cancel(stream.rid)
 
-    def _last_piece(self, ev: Finished, choice: ChoiceText, carried: Delta) -> Delta:
+    def _last_piece(self, ev: Finished, choice: ChoiceText, carried: Delta, grammar_param: str | None) -> Delta:
         """The choice's last piece once the engine is done: the rest of its text, the
         finish reason and the usage."""
+        if ev.error is not None and ev.error.startswith(proto.GRAMMAR_REFUSED):
+            raise grammar_refused(ev.error, grammar_param)
         if ev.error is not None or ev.reason == "error":
             self.metrics.errors.inc()
             raise EngineUnavailable(ev.error or "the engine failed the request")

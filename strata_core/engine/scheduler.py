@@ -753,7 +753,7 @@ class Scheduler:
         if req.grammar is not None:
             mask = req.grammar.mask()
             if mask is None:
-                self._fail(slot, f"grammar failed: {req.grammar.error}")
+                self._fail(slot, req.grammar.refusal())
                 return None
         try:
             if chosen is not None:  # drawn by the gated verifier (never under a grammar)
@@ -761,7 +761,7 @@ class Scheduler:
             else:  # sample() takes the argmax itself for a plain, unmasked row
                 tok = sample(row, params, history, position, mask=mask)
         except ValueError as exc:  # nothing permitted: this request's problem, not the batch's
-            self._fail(slot, str(exc))
+            self._fail(slot, f"{proto.GRAMMAR_REFUSED} {exc}" if mask is not None else str(exc))
             return None
         if not req.t_first:
             req.t_first = time.perf_counter()
