@@ -58,6 +58,11 @@ class ServerConfig(_Section):
     request_timeout: float = Field(default=600.0, ge=0)
 
 
+#: The KV cache types llama.cpp takes (its ``--cache-type-k`` / ``-v`` names).
+CACHE_TYPES = ("f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
+CacheType = Literal["f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"]
+
+
 class EngineConfig(_Section):
     backend: str = "auto"
     model: str = "default"
@@ -80,6 +85,10 @@ class EngineConfig(_Section):
     #: Host memory (MiB) for slot caches saved when their slot moves on to another prompt,
     #: so a later request sharing their prefix loads them instead of prefilling; 0: none.
     prompt_cache_mib: int = Field(default=256, ge=0)
+    #: How the KV cache stores keys and values (llama-server's -ctk / -ctv): a quantised
+    #: type holds more context per slot in less memory; a quantised V needs flash attention.
+    cache_type_k: CacheType = "f16"
+    cache_type_v: CacheType = "f16"
     #: Use this llama-cpp-python instead of building one: a directory holding the
     #: ``llama_cpp`` package, or a wheel file.
     llama_cpp: str | None = None
@@ -262,8 +271,8 @@ class Config(_Section):
 
 def check_split(split_mode: str, flash_attn: bool | None, n_gpu_layers: int) -> None:
     """Refuse at start what llama.cpp refuses for ``split_mode``, given the flash attention
-    and offload the engine gets (the configuration's, or the backend's defaults). The KV
-    cache is always f16 (no key quantizes it), as tensor mode needs."""
+    and offload the engine gets (the configuration's, or the backend's defaults); the KV
+    cache types tensor mode needs are check_cache_types' to refuse."""
     if split_mode != "tensor":
         return
     if flash_attn is False:
@@ -275,6 +284,22 @@ def check_split(split_mode: str, flash_attn: bool | None, n_gpu_layers: int) -> 
         raise ConfigError(
             '[engine] split_mode = "tensor" splits the layers on the GPUs, and n_gpu_layers = 0 (or the '
             'backend\'s default) puts none there: use a GPU backend, or split_mode = "layer"'
+        )
+
+
+def check_cache_types(cache_type_k: str, cache_type_v: str, flash_attn: bool | None, split_mode: str) -> None:
+    """Refuse at start the KV cache types llama.cpp refuses, given the flash attention the
+    engine gets (the configuration's, or the backend's default) and the split mode."""
+    if split_mode == "tensor":
+        for key, value in (("cache_type_k", cache_type_k), ("cache_type_v", cache_type_v)):
+            if value != "f16":
+                raise ConfigError(f'[engine] {key} = "{value}": split_mode = "tensor" needs an f16 KV cache '
+                                  f'(set {key} = "f16", or split_mode = "layer")')  # fmt: skip
+    if cache_type_v not in ("f16", "bf16") and flash_attn is False:
+        raise ConfigError(
+            f'[engine] cache_type_v = "{cache_type_v}" is quantised, which llama.cpp allows only with flash '
+            'attention, and flash_attn is off (flash_attn, or the backend\'s default): set flash_attn = true, '
+            'or cache_type_v = "f16"'
         )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from strata_core.api.service import Service
 from strata_core.backend import Backend
 from strata_core.build import EngineBuild, ensure_engine
-from strata_core.config import Config, EngineConfig, check_split
+from strata_core.config import Config, EngineConfig, check_cache_types, check_split
 from strata_core.models import ALIASES, resolve_model
 from strata_core.plugins import load_registry, select_backend
 from strata_core.reader import EngineClient, EngineCommand, engine_command
@@ -34,6 +34,7 @@ def engine_for(cfg: Config, build_only: bool = False) -> tuple[Backend, EngineBu
     backend = select_backend(load_registry(), cfg.engine.backend, for_build=build_only)
     n_gpu_layers, flash_attn = offload(cfg.engine, backend)
     check_split(cfg.engine.split_mode, flash_attn, n_gpu_layers)
+    check_cache_types(cfg.engine.cache_type_k, cfg.engine.cache_type_v, flash_attn, cfg.engine.split_mode)
     return backend, ensure_engine(backend, cfg.engine.llama_cpp, log=lambda m: print(m, file=sys.stderr))
 
 
@@ -95,6 +96,7 @@ def model_spec(cfg: Config, name: str | None, log_path: Path | None, preload: bo
         split_mode=e.split_mode,
         tensor_split=e.tensor_split,
         main_gpu=e.main_gpu,
+        cache_types=(e.cache_type_k, e.cache_type_v),
     )
     # One model served: the aliases clients send for "the model" ("default") name it, whatever
     # its file, as before several models could be served; [models.NAME] are named exactly.

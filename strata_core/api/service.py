@@ -6,6 +6,7 @@ turns its request into these calls and their pieces into its bodies."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
@@ -42,6 +43,7 @@ from strata_core.text.structured import Constraint
 from strata_core.text.tools import Dialect, call_grammar
 
 T = TypeVar("T")
+log = logging.getLogger("strata.api")
 
 
 async def service_for(request: Request, model: str | None) -> Service:
@@ -147,6 +149,11 @@ class Service:
         await self.engine.wait_ready()
         info = self.engine.info
         self.pieces = await self.engine.vocab()
+        kv = info.get("kv_cache")
+        if kv:
+            log.info("model %s: KV cache %s keys, %s values, %.1f MiB per slot (%d slots of %d tokens)",
+                     self.model_id, kv["type_k"], kv["type_v"], kv["bytes_per_slot"] / (1 << 20),
+                     self.config.engine.parallel, info["n_ctx"])  # fmt: skip
         self.template = ChatTemplate(
             info.get("chat_template") or FALLBACK_TEMPLATE,
             bos_token=info.get("bos_text", ""),

@@ -78,7 +78,7 @@ def step_trace(path: str | None) -> Callable[[dict[str, Any]], None] | None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The engine's options; their defaults are the configuration's (config.py), so a
     default is written once."""
-    from strata_core.config import SPLIT_MODES, EngineConfig, SpeculativeConfig
+    from strata_core.config import CACHE_TYPES, SPLIT_MODES, EngineConfig, SpeculativeConfig
 
     eng, spec = EngineConfig(), SpeculativeConfig()
     ap = argparse.ArgumentParser(prog="python -m strata_core.engine")
@@ -92,6 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--split-mode", choices=SPLIT_MODES, default=eng.split_mode, help="how the model spreads over GPUs")
     ap.add_argument("--tensor-split", type=_proportions, help="each GPU's share, e.g. 3,1")
+    ap.add_argument("--cache-type-k", choices=CACHE_TYPES, default=eng.cache_type_k, help="the KV cache's key type")
+    ap.add_argument("--cache-type-v", choices=CACHE_TYPES, default=eng.cache_type_v, help="the KV cache's value type")
     ap.add_argument("--main-gpu", type=int, default=eng.main_gpu, help="the GPU for split mode none")
     ap.add_argument("--prompt-cache-mib", type=int, default=eng.prompt_cache_mib,
                     help="host memory for saved slot caches")  # fmt: skip
@@ -129,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     # llama.py first: libllama's native libraries must load before numpy's. The other
     # order made model loading segfault with CUDA 13 and numpy 2.5 on an H200.
     from strata_core.engine.llama import Llama, ModelOptions  # isort: skip
-    from strata_core.config import check_split, split_settings
+    from strata_core.config import check_cache_types, check_split, split_settings
     from strata_core.engine.drafter import DraftModel, check_shared_vocab
     from strata_core.engine.grammar import Grammars
     from strata_core.engine.scheduler import Request, Scheduler
@@ -142,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         # The configuration's own rules, for an engine started by any client.
         split = split_settings(args.split_mode, args.tensor_split, args.main_gpu)
         check_split(split.split_mode, flash_attn, args.n_gpu_layers)
+        check_cache_types(args.cache_type_k, args.cache_type_v, flash_attn, split.split_mode)
         opts = ModelOptions(
             path=args.model,
             n_ctx=args.n_ctx,
@@ -153,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             split_mode=split.split_mode,
             tensor_split=tuple(split.tensor_split or ()),
             main_gpu=split.main_gpu,
+            cache_types=(args.cache_type_k, args.cache_type_v),
         )
         llama = Llama(opts)
         if args.draft_model:
@@ -181,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                 "slots": args.parallel,
                 "n_batch": llama.n_batch,
                 "split": llama.split,
+                "kv_cache": llama.kv_cache,
                 "capabilities": CAPABILITIES + (["spec_draft"] if drafter else [])
                 + (["embeddings"] if llama.pooling != "rank" else []),
                 **facts,

@@ -32,6 +32,15 @@ class ModelOptions:
     split_mode: Literal["none", "layer", "tensor"] = "layer"
     tensor_split: tuple[float, ...] = ()  # empty: by each GPU's free memory
     main_gpu: int = 0
+    cache_types: tuple[str, str] = ("f16", "f16")  # the KV cache's (keys, values), config.CACHE_TYPES
+
+
+#: Each KV cache type's ggml type and (bytes, elements) of one block (ggml's type traits).
+KV_TYPES = {
+    "f16": (ll.GGML_TYPE_F16, 2, 1), "bf16": (ll.GGML_TYPE_BF16, 2, 1), "q8_0": (ll.GGML_TYPE_Q8_0, 34, 32),
+    "q5_1": (ll.GGML_TYPE_Q5_1, 24, 32), "q5_0": (ll.GGML_TYPE_Q5_0, 22, 32), "q4_1": (ll.GGML_TYPE_Q4_1, 20, 32),
+    "q4_0": (ll.GGML_TYPE_Q4_0, 18, 32), "iq4_nl": (ll.GGML_TYPE_IQ4_NL, 18, 32),
+}  # fmt: skip
 
 
 #: llama.cpp's enum llama_pooling_type, by the names READY reports.
@@ -142,9 +151,11 @@ class Llama:
             cparams.flash_attn_type = (
                 ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
             )
+        cparams.type_k, cparams.type_v = (KV_TYPES[t][0] for t in opts.cache_types)
         ctx = ll.llama_init_from_model(model, cparams)
         if not ctx:
-            raise LlamaError("llama.cpp could not create a context (out of memory?)")
+            types = f" with cache types {'/'.join(opts.cache_types)}" if opts.cache_types != ("f16", "f16") else ""
+            raise LlamaError(f"llama.cpp could not create a context{types} (out of memory? the engine's log says why)")
         self.ctx = ctx
         self.mem = ll.llama_get_memory(ctx)
         self.n_ctx = int(ll.llama_n_ctx_seq(ctx))
@@ -158,6 +169,9 @@ class Llama:
         #: an input's most tokens: llama.cpp pools a sequence within one micro-batch
         self.embd_max_tokens = opts.n_batch
         self.pooling = self._own_pooling()
+        #: what READY reports of the KV cache: its types and its bytes per slot
+        self.kv_cache = {"type_k": opts.cache_types[0], "type_v": opts.cache_types[1],
+                         "bytes_per_slot": self._kv_bytes_per_slot(*opts.cache_types)}  # fmt: skip
 
     # ---- decoding -----------------------------------------------------------------
 
@@ -225,6 +239,22 @@ class Llama:
         buf = ctypes.create_string_buffer(128)
         n = ll.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def _kv_bytes_per_slot(self, type_k: str, type_v: str) -> int:
+        """One slot's KV cache in bytes: every layer's keys and values for n_ctx tokens (the
+        model's head sizes from its GGUF, else n_embd / n_head), rows stored in ``type_*``."""
+        arch = self._meta("general.architecture") or ""
+        n_head = int(ll.llama_model_n_head(self.model)) or 1
+        n_head_kv = int(ll.llama_model_n_head_kv(self.model))
+        default = int(ll.llama_model_n_embd(self.model)) // n_head
+
+        def row(kind: str, kv_type: str) -> int:
+            size = self._meta(f"{arch}.attention.{kind}_length")
+            n = n_head_kv * (int(size) if size and size.isdigit() else default)
+            _, block_bytes, block = KV_TYPES[kv_type]
+            return -(-n // block) * block_bytes
+
+        return int(ll.llama_model_n_layer(self.model)) * self.n_ctx * (row("key", type_k) + row("value", type_v))
 
     def _own_pooling(self) -> str:
         """The pooling the model's GGUF names (embedding models carry one), else mean: a
