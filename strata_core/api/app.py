@@ -14,7 +14,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
 
-from strata_core.api import completions, embeddings, messages, responses, tokenize
+from strata_core.api import completions, embeddings, messages, rerank, responses, tokenize
 from strata_core.api.openapi import COMMON_ERRORS, document
 from strata_core.api.pool import ModelPool
 from strata_core.api.service import engine_unavailable
@@ -55,7 +55,7 @@ def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None =
     app.state.pool = pool
     app.state.server_config = config.server
     app.state.responses = responses.ResponseStore(config.responses.store_size)
-    for family in (completions, responses, messages, embeddings, tokenize):
+    for family in (completions, responses, messages, embeddings, rerank, tokenize):
         app.include_router(family.router)
 
     app.openapi = lambda: document(app)  # type: ignore[method-assign]

@@ -26,7 +26,8 @@ CAPABILITIES = [
 ]  # fmt: skip
 """What READY lists: the GEN options (strata_core/options.py) this engine acts on, besides
 ``max_tokens``, ``stop_ids``, ``spec`` and ``isolate``; ``spec_draft`` is added when a draft
-model was loaded, ``embeddings`` (EMBED) unless the model is a ranker."""
+model was loaded, ``embeddings`` (EMBED) unless the model is a ranker, and then ``rerank``
+(EMBED answers its classification head's output)."""
 
 
 class Output:
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                 "split": llama.split,
                 "kv_cache": llama.kv_cache,
                 "capabilities": CAPABILITIES + (["spec_draft"] if drafter else [])
-                + (["embeddings"] if llama.pooling != "rank" else []),
+                + (["embeddings"] if llama.pooling != "rank" else ["rerank"]),
                 **facts,
             }
         )

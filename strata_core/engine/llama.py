@@ -283,9 +283,9 @@ class Llama:
         return ctx
 
     def embed(self, ids: list[int]) -> npt.NDArray[np.float32]:
-        """The pooled, unnormalised embedding of one input (at most ``embd_max_tokens``)."""
-        if self.pooling == "rank":
-            raise LlamaError("this model ranks (pooling rank); it has no embeddings")
+        """The pooled, unnormalised embedding of one input (at most ``embd_max_tokens``);
+        for a ranker (pooling rank), its classification head's output, whose first value is
+        the input's relevance score (llama-server's rule)."""
         if not 0 < len(ids) <= self.embd_max_tokens:
             raise LlamaError(f"an input holds 1..{self.embd_max_tokens} tokens, not {len(ids)}")
         if self._embd_ctx is None:
@@ -302,7 +302,8 @@ class Llama:
             ptr = ll.llama_get_embeddings_seq(ctx, 0)
             if not ptr:
                 raise LlamaError("llama.cpp returned no embedding")
-            return np.ctypeslib.as_array(ptr, shape=(self.n_embd,)).copy()
+            width = int(ll.llama_model_n_cls_out(self.model)) if self.pooling == "rank" else self.n_embd
+            return np.ctypeslib.as_array(ptr, shape=(width,)).copy()
         finally:
             ll.llama_memory_clear(mem, True)  # each input alone, from position 0
 
@@ -345,6 +346,7 @@ class Llama:
             return t if t >= 0 else None
 
         tmpl = ll.llama_model_chat_template(self.model, None)
+        rerank = ll.llama_model_chat_template(self.model, b"rerank") if self.pooling == "rank" else None
         eog = [t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(v, t)]
         bos, eos = tok(ll.llama_vocab_bos), tok(ll.llama_vocab_eos)
         return {
@@ -363,5 +365,8 @@ class Llama:
             "add_bos": bool(ll.llama_vocab_get_add_bos(v)),
             "add_eos": bool(ll.llama_vocab_get_add_eos(v)),
             "chat_template": tmpl.decode("utf-8", "replace") if tmpl else None,
+            "sep": tok(ll.llama_vocab_sep),
+            "add_sep": bool(ll.llama_vocab_get_add_sep(v)),
+            "rerank_template": rerank.decode("utf-8", "replace") if rerank else None,
             "system_info": ll.llama_print_system_info().decode("utf-8", "replace").strip(),
         }
