@@ -4,18 +4,16 @@ scores and the same order; the shapes llama-server, Jina and Cohere share; refus
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from test_embeddings_e2e import llama_server_binary
+from test_embeddings_e2e import FLASH, llama_server_binary, running_llama_server
 
-from strata_core.backends.cpu import CpuBackend
 from strata_core.build import EngineBuild
-from strata_core.testing.harness import Server, free_port, wait_healthy
+from strata_core.testing.harness import Server
 from strata_core.testing.models import write_reranker
 
 pytestmark = pytest.mark.slow
@@ -49,23 +47,10 @@ def theirs(cpu_engine: EngineBuild, reranker: Path, tmp_path_factory: pytest.Tem
     binary = llama_server_binary(cpu_engine)
     if binary is None:
         pytest.skip("no llama-server in the engine's build tree (python bench/peers.py builds it)")
-    flash = {True: "on", False: "off", None: "auto"}[CpuBackend().engine_defaults().flash_attn]
-    port = free_port()
     log_path = tmp_path_factory.mktemp("llama-server-rerank") / "llama-server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([str(binary), "-m", str(reranker), "--host", "127.0.0.1", "--port", str(port),
-                                 "--reranking", "-fa", flash, "-c", "512", "-np", "1", "-t", "2"],
-                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-        base = f"http://127.0.0.1:{port}"
-        try:
-            wait_healthy(proc, base, log_path)
-            yield base
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    args = ["-m", str(reranker), "--reranking", "-fa", FLASH, "-c", "512", "-np", "1", "-t", "2"]
+    with running_llama_server(binary, args, log_path) as base:
+        yield base
 
 
 def rank(base: str, path: str = "/v1/rerank", **body: Any) -> httpx.Response:

@@ -17,9 +17,8 @@ from fastapi import APIRouter, Request
 from pydantic import Field, field_validator
 
 from strata_core.api import openapi
-from strata_core.api.service import Service, engine_unavailable, json_body, service_for, until_done
+from strata_core.api.service import Service, engine_work, json_body, service_for
 from strata_core.errors import ApiError
-from strata_core.reader import EngineUnavailable
 from strata_core.requests import Strict, invalid, parse_request
 
 router = APIRouter()
@@ -103,12 +102,7 @@ async def rerank(request: Request) -> dict[str, Any]:
             raise ApiError(400, f"the query and document {i} make {len(ids)} tokens; this server ranks at most "
                            f"{limit} a pair (the engine's n_batch)", param=f"documents.{i}",
                            code="context_length_exceeded")  # fmt: skip
-    timeout = service.config.server.request_timeout or None
-    try:
-        scores = await until_done(request, score_all(service, inputs), timeout)
-    except EngineUnavailable as exc:
-        service.metrics.errors.inc()
-        raise engine_unavailable(exc) from None
+    scores = await engine_work(request, service, score_all(service, inputs))
     n = sum(map(len, inputs))
     service.metrics.prompt_tokens.inc(n)
     order = sorted(range(len(texts)), key=lambda i: -scores[i])[: req.top_n]

@@ -77,6 +77,16 @@ async def until_done(request: Request, work: Awaitable[T], timeout: float | None
     raise timed_out(timeout)
 
 
+async def engine_work(request: Request, service: Service, work: Awaitable[T]) -> T:
+    """``work`` (requests to the engine that are not GEN: EMBED) under the request timeout;
+    503 if the engine fails, counted."""
+    try:
+        return await until_done(request, work, service.config.server.request_timeout or None)
+    except EngineUnavailable as exc:
+        service.metrics.errors.inc()
+        raise engine_unavailable(exc) from None
+
+
 async def disconnected(request: Request) -> None:
     """Return when the client hangs up. The body has been read, so the server's next
     message is the disconnect."""
