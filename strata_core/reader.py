@@ -50,10 +50,12 @@ class Usage:
     cached: int = 0
     drafted: int = 0  # speculative tokens proposed / accepted (an extension)
     accepted: int = 0
+    reasoning: int = 0  # completion tokens emitted while the reply reasoned (counted by the server)
 
     def add_choice(self, other: Usage, first_of_prompt: bool) -> None:
         """Fold one choice's usage in; its prompt's cache counts once per prompt."""
         self.completion += other.completion
+        self.reasoning += other.reasoning
         self.drafted += other.drafted
         self.accepted += other.accepted
         if first_of_prompt:

@@ -529,6 +529,14 @@ class ChatRequest(BaseRequest):
     parallel_tool_calls: bool | None = None
     # Extension (vLLM, SGLang): variables for the chat template, e.g. enable_thinking.
     chat_template_kwargs: dict[str, Any] | None = None
+    # Extension (llama-server's name): the most tokens the reply may reason for; then the
+    # engine closes the reasoning (</think>) and the answer follows. -1: no limit.
+    reasoning_budget: int | None = Field(default=None, ge=-1)
+
+    @field_validator("reasoning_budget")
+    @classmethod
+    def _no_limit(cls, value: int | None) -> int | None:
+        return None if value == -1 else value
 
     @field_validator("tools")
     @classmethod

@@ -44,6 +44,9 @@ from strata_core.text.tools import Dialect, call_grammar
 
 T = TypeVar("T")
 log = logging.getLogger("strata.api")
+#: What a spent reasoning budget makes the engine write: the marker, and the blank line
+#: that separates reasoning from answer in the thinking templates.
+THINK_CLOSE = "\n</think>\n\n"
 
 
 async def service_for(request: Request, model: str | None) -> Service:
@@ -143,6 +146,8 @@ class Service:
     metrics: Metrics = field(init=False)
     #: engine requests admitted (admission) and not sent yet
     admitting: int = field(default=0, init=False)
+    #: the closing marker a reasoning budget makes the engine write (tokenized once)
+    _think_close: tuple[int, ...] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         slots = self.config.engine.parallel
@@ -347,6 +352,19 @@ class Service:
             return asked.gen_value, asked.json, asked.param
         return None, None, None
 
+    async def think_budget(self, req: BaseRequest, shape: ChatShape | None) -> dict[str, Any]:
+        """The GenOptions fields of a chat's ``reasoning_budget`` (none without one): the
+        budget, the closing marker's ids and whether the prompt opened the reasoning."""
+        budget = getattr(req, "reasoning_budget", None)
+        if budget is None or shape is None:
+            return {}
+        if "think_budget" not in self.engine.info.get("capabilities", ()):
+            raise ApiError(400, "this engine cannot bound reasoning (no 'think_budget' capability); leave "
+                           "reasoning_budget out", param="reasoning_budget", code="unsupported_value")  # fmt: skip
+        if self._think_close is None:
+            self._think_close = tuple(await self.engine.tokenize(THINK_CLOSE, special=True))
+        return {"think_budget": budget, "think_close": self._think_close, "think_open": shape.thinking}
+
     async def start_chat(
         self, req: ChatRequest, param: str, limit_param: str, format_param: str = "response_format"
     ) -> ChatRun:
@@ -359,6 +377,7 @@ class Service:
         seed = resolve_seed(req.seed)
         max_new = self.check_lengths(prompt, req, param, limit_param)
         opts = self.options(req, seed=seed, max_tokens=max_new, grammar=grammar)
+        opts = opts.replace(**await self.think_budget(req, shape))
         pieces = self.start_choice(prompt, opts, req.stop_list(), shape=shape, grammar_param=grammar_param)
         return ChatRun(pieces, len(prompt), seed, constraint)
 
@@ -466,5 +485,6 @@ class Service:
         tail.stop_sequence = choice.stop_sequence
         if finish == "stop" and tail.tool_calls:
             finish = "tool_calls"
+        usage.reasoning = choice.reasoning_tokens
         tail.finish, tail.usage = finish, usage
         return tail

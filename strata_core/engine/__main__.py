@@ -22,7 +22,7 @@ from typing import Any
 from strata_core import protocol as proto
 
 CAPABILITIES = [
-    "logprobs", "logprobs_mode", "allowed", "bias", "penalties", "seed", "prefix_cache", "grammar",
+    "logprobs", "logprobs_mode", "allowed", "bias", "penalties", "seed", "prefix_cache", "grammar", "think_budget",
 ]  # fmt: skip
 """What READY lists: the GEN options (strata_core/options.py) this engine acts on, besides
 ``max_tokens``, ``stop_ids``, ``spec`` and ``isolate``; ``spec_draft`` is added when a draft
@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     # order made model loading segfault with CUDA 13 and numpy 2.5 on an H200.
     from strata_core.engine.llama import Llama, ModelOptions  # isort: skip
     from strata_core.config import check_cache_types, check_split, split_settings
+    from strata_core.engine.budget import ThinkBudget
     from strata_core.engine.drafter import DraftModel, check_shared_vocab
     from strata_core.engine.grammar import Grammars
     from strata_core.engine.scheduler import Request, Scheduler
@@ -226,11 +227,14 @@ def main(argv: list[str] | None = None) -> int:
             grammar = grammars.matcher(opts.grammar) if opts.grammar is not None else None
         except ValueError as exc:
             return fail(str(exc))
+        budget = None
+        if opts.think_budget is not None:  # forced tokens: no speculative windows for it
+            budget = ThinkBudget(opts.think_budget, opts.think_close, llama.piece, opts.think_open)
         sched.submit(
             Request(cmd.rid, prompt, opts.sampling, opts.max_tokens or llama.n_ctx, frozenset(opts.stop_ids) | eog,
                     opts.logprobs, logprobs_processed=opts.logprobs_mode == "processed", grammar=grammar,
-                    spec_k=args.spec_k if opts.spec != "off" else 0, spec_draft=opts.spec == "draft",
-                    isolate=opts.isolate)
+                    spec_k=args.spec_k if opts.spec != "off" and budget is None else 0,
+                    spec_draft=opts.spec == "draft", isolate=opts.isolate, budget=budget)
         )  # fmt: skip
 
     def embed(cmd: proto.Embed) -> None:

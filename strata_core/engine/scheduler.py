@@ -34,6 +34,7 @@ from strata_core.engine.adaptive import (
     uniform_window,
     window_size,
 )
+from strata_core.engine.budget import ThinkBudget
 from strata_core.engine.drafter import DraftJob, DraftModel
 from strata_core.engine.grammar import GrammarMatcher
 from strata_core.engine.llama import Batch, Llama
@@ -68,6 +69,7 @@ class Request:
     #: what else runs (exact seeded replay on backends whose kernels follow batch shape)
     isolate: bool = False
     grammar: GrammarMatcher | None = None  # constrained decoding: the mask before each sample
+    budget: ThinkBudget | None = None  # a reasoning budget: the closing marker once it is spent
     drafted: int = 0
     accepted: int = 0
     acceptance: Acceptance = field(default_factory=Acceptance)  # of n-gram drafts, real or shadow
@@ -763,6 +765,8 @@ class Scheduler:
         except ValueError as exc:  # nothing permitted: this request's problem, not the batch's
             self._fail(slot, f"{proto.GRAMMAR_REFUSED} {exc}" if mask is not None else str(exc))
             return None
+        if req.budget is not None:
+            tok = req.budget.next(tok)
         if not req.t_first:
             req.t_first = time.perf_counter()
         if tok in req.stop_ids or self.llama.is_eog(tok):
