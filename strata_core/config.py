@@ -63,6 +63,27 @@ CACHE_TYPES = ("f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
 CacheType = Literal["f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"]
 
 
+class LoraAdapter(_Section):
+    """One LoRA adapter (a GGUF made for the model): applied at ``scale`` to every request
+    that names no scales of its own (``lora`` in the request, as llama-server takes it)."""
+
+    path: str = Field(min_length=1)
+    scale: float = Field(default=1.0, allow_inf_nan=False)
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]{1,64}$")
+
+    def label(self) -> str:
+        """Its name, else its file's stem."""
+        return self.name or Path(self.path).stem
+
+
+def _unique_names(adapters: list[LoraAdapter] | None) -> list[LoraAdapter] | None:
+    names = [a.label() for a in adapters or ()]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"LoRA adapter names must be unique; {twice[0]!r} appears more than once (set name)")
+    return adapters
+
+
 class EngineConfig(_Section):
     backend: str = "auto"
     model: str = "default"
@@ -89,6 +110,9 @@ class EngineConfig(_Section):
     #: type holds more context per slot in less memory; a quantised V needs flash attention.
     cache_type_k: CacheType = "f16"
     cache_type_v: CacheType = "f16"
+    #: LoRA adapters loaded with the model: [{path, scale, name}]
+    lora: list[LoraAdapter] = Field(default_factory=list)
+    _lora_names = field_validator("lora")(_unique_names)
     #: Use this llama-cpp-python instead of building one: a directory holding the
     #: ``llama_cpp`` package, or a wheel file.
     llama_cpp: str | None = None
@@ -195,6 +219,9 @@ class ModelConfig(_Section):
     n_ctx: int | None = Field(default=None, ge=64, le=1 << 20)
     threads: int | None = Field(default=None, ge=1, le=1024)
     speculative: SpeculativeConfig | None = None
+    #: LoRA adapters loaded with this model (else [engine] lora): [{path, scale, name}]
+    lora: list[LoraAdapter] | None = None
+    _lora_names = field_validator("lora")(_unique_names)
     #: false: the engine starts on the model's first request instead of with the server.
     preload: bool = True
 
@@ -261,7 +288,7 @@ class Config(_Section):
         (and over [speculative] when it has its own)."""
         m = self.models[name]
         engine = {"model": m.path, "backend": m.backend, "parallel": m.parallel, "n_ctx": m.n_ctx,
-                  "threads": m.threads}  # fmt: skip
+                  "threads": m.threads, "lora": m.lora}  # fmt: skip
         update = {k: v for k, v in engine.items() if v is not None}
         out = self.model_copy(update={"engine": self.engine.model_copy(update=update), "models": {}})
         if m.speculative is not None:

@@ -154,6 +154,8 @@ class GenOptions:
     think_budget: int | None = _opt(None, INT)
     think_close: tuple[int, ...] = _opt((), IDS)
     think_open: bool = _opt(False, FLAG)
+    #: LoRA adapter scales by adapter id (an adapter left out: 0); empty: the configured scales
+    lora: Mapping[int, float] = _opt({}, BIAS)
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None:
@@ -162,6 +164,8 @@ class GenOptions:
             _check("logprobs", 0 <= self.logprobs <= MAX_ALTERNATIVES, self.logprobs, f"0..{MAX_ALTERNATIVES}")
         _one_of("logprobs_mode", self.logprobs_mode, LOGPROBS_MODES)
         _one_of("spec", self.spec, SPEC_MODES)
+        for i, v in self.lora.items():
+            _check("lora", i >= 0 and math.isfinite(v), f"{i}:{v}", "adapter ids >= 0 with finite scales")
         if self.think_budget is not None:
             _check("think_budget", self.think_budget >= 0, self.think_budget, ">= 0")
             _check("think_close", bool(self.think_close), "", "the closing marker's token ids, with think_budget")

@@ -416,6 +416,7 @@ def engine_command(
     tensor_split: Sequence[float] | None = None,
     main_gpu: int = EngineConfig().main_gpu,
     cache_types: tuple[str, str] = (EngineConfig().cache_type_k, EngineConfig().cache_type_v),
+    loras: Sequence[tuple[str, float]] = (),
 ) -> EngineCommand:
     """The argv and environment that run the engine on a backend's build at ``site``
     (what is not given: the configuration's defaults)."""
@@ -434,6 +435,8 @@ def engine_command(
     if tensor_split:
         argv += ["--tensor-split", ",".join(repr(float(x)) for x in tensor_split)]
     argv += ["--cache-type-k", cache_types[0], "--cache-type-v", cache_types[1]]
+    for path, scale in loras:
+        argv += ["--lora", path, "--lora-scale", repr(float(scale))]
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     path = os.pathsep.join(p for p in (site, here, os.environ.get("PYTHONPATH", "")) if p)
     full_env = dict(env)

@@ -218,6 +218,14 @@ class StructuredOutputs(_Strict):
         return [k for k, v in values.items() if v is not None]
 
 
+class LoraScale(_Strict):
+    """One entry of a request's ``lora`` (llama-server's shape): an adapter's id (its place
+    in ``GET /lora-adapters``) and its scale for this request."""
+
+    id: int = Field(ge=0)
+    scale: float
+
+
 class TextPart(_Strict):
     type: Literal["text"]
     text: str
@@ -361,6 +369,9 @@ class BaseRequest(_Strict):
     # json_object) and llama-server's grammar (GBNF, or Lark).
     structured_outputs: StructuredOutputs | None = None
     grammar: str | None = None
+    # Extension (llama-server): LoRA adapter scales for this request; an adapter it leaves
+    # out gets 0, and a request without lora gets the configured scales.
+    lora: list[LoraScale] | None = None
 
     _grammar_size = field_validator("grammar")(_text_size)
 

@@ -27,6 +27,12 @@ log = logging.getLogger("strata.api")
 HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
+def lora_adapters(entry: Any) -> list[dict[str, Any]]:
+    """The configured adapters of a pool entry, in id order."""
+    adapters = entry.spec.config.engine.lora
+    return [{"id": i, "name": a.label(), "path": a.path, "scale": a.scale} for i, a in enumerate(adapters)]
+
+
 def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
     config = pool.models[pool.default].spec.config
 
@@ -86,8 +92,16 @@ def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None =
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        data = [{"id": name, "object": "model", "created": 0, "owned_by": "strata"} for name in pool.names()]
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": "strata",
+                 **({"lora_adapters": adapters} if (adapters := lora_adapters(pool.entry(name))) else {})}
+                for name in pool.names()]  # fmt: skip
         return {"object": "list", "data": data}
+
+    @app.get("/lora-adapters")
+    async def get_lora_adapters(model: str | None = None) -> list[dict[str, Any]]:
+        """The model's LoRA adapters (llama-server's shape, with their names): ``id`` is what
+        a request's ``lora`` names, ``scale`` what a request without one gets."""
+        return lora_adapters(pool.entry(model))
 
     @app.get("/health", responses={503: {"description": "the engine is starting",
                                          "content": {"application/json": {"schema": {"type": "object"}}}}})  # fmt: skip

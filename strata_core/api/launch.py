@@ -97,6 +97,7 @@ def model_spec(cfg: Config, name: str | None, log_path: Path | None, preload: bo
         tensor_split=e.tensor_split,
         main_gpu=e.main_gpu,
         cache_types=(e.cache_type_k, e.cache_type_v),
+        loras=[(str(Path(a.path).expanduser()), a.scale) for a in e.lora],
     )
     # One model served: the aliases clients send for "the model" ("default") name it, whatever
     # its file, as before several models could be served; [models.NAME] are named exactly.

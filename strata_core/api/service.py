@@ -211,6 +211,17 @@ class Service:
         finally:
             self.admitting -= choices
 
+    def lora_scales(self, req: BaseRequest) -> dict[int, float]:
+        """A request's ``lora`` as adapter id -> scale; 400 for an adapter the model lacks."""
+        n = len(self.engine.info.get("lora") or [])
+        scales: dict[int, float] = {}
+        for entry in req.lora or ():
+            if entry.id >= n:
+                raise ApiError(400, f"lora names adapter {entry.id}, but this model has {n} (GET /lora-adapters "
+                               "lists them)", param="lora", code="invalid_value")  # fmt: skip
+            scales[entry.id] = entry.scale
+        return scales
+
     def check_token_ids(self, ids: list[int], param: str) -> None:
         bad = [t for t in ids if t >= self.n_vocab]
         if bad:
@@ -395,6 +406,8 @@ class Service:
             opts = opts.replace(spec=cfg.speculative.mode)
         if grammar is not None:
             opts = opts.replace(grammar=grammar)
+        if req.lora is not None:
+            opts = opts.replace(lora=self.lora_scales(req))
         if req.ignore_eos:  # an end-of-generation token's logit is -inf, as llama-server sets it
             eog = dict.fromkeys(self.engine.info.get("eog") or [], -math.inf)
             opts = opts.replace(sampling=replace(opts.sampling, bias={**opts.sampling.bias, **eog}))

@@ -95,6 +95,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--tensor-split", type=_proportions, help="each GPU's share, e.g. 3,1")
     ap.add_argument("--cache-type-k", choices=CACHE_TYPES, default=eng.cache_type_k, help="the KV cache's key type")
     ap.add_argument("--cache-type-v", choices=CACHE_TYPES, default=eng.cache_type_v, help="the KV cache's value type")
+    ap.add_argument("--lora", action="append", default=[], help="a LoRA adapter GGUF (repeatable)")
+    ap.add_argument("--lora-scale", action="append", type=float, default=[],
+                    help="each --lora's default scale, in order (1.0 where left out)")  # fmt: skip
     ap.add_argument("--main-gpu", type=int, default=eng.main_gpu, help="the GPU for split mode none")
     ap.add_argument("--prompt-cache-mib", type=int, default=eng.prompt_cache_mib,
                     help="host memory for saved slot caches")  # fmt: skip
@@ -159,10 +162,11 @@ def main(argv: list[str] | None = None) -> int:
             tensor_split=tuple(split.tensor_split or ()),
             main_gpu=split.main_gpu,
             cache_types=(args.cache_type_k, args.cache_type_v),
+            loras=tuple((p, args.lora_scale[i] if i < len(args.lora_scale) else 1.0) for i, p in enumerate(args.lora)),
         )
         llama = Llama(opts)
         if args.draft_model:
-            draft = Llama(dataclasses.replace(opts, path=args.draft_model))
+            draft = Llama(dataclasses.replace(opts, path=args.draft_model, loras=()))
             check_shared_vocab(llama, draft, args.draft_model)
             draft.warm_up()
             drafter = DraftModel(draft, args.spec_threshold)
@@ -188,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                 "n_batch": llama.n_batch,
                 "split": llama.split,
                 "kv_cache": llama.kv_cache,
+                "lora": [{"id": i, "path": p, "scale": llama.lora_scales[i]} for i, p in enumerate(args.lora)],
                 "capabilities": CAPABILITIES + (["spec_draft"] if drafter else [])
                 + (["embeddings"] if llama.pooling != "rank" else ["rerank"]),
                 **facts,
@@ -227,6 +232,12 @@ def main(argv: list[str] | None = None) -> int:
             grammar = grammars.matcher(opts.grammar) if opts.grammar is not None else None
         except ValueError as exc:
             return fail(str(exc))
+        lora = None
+        if opts.lora:  # other adapter scales than the configured ones: decoded apart, no shared cache
+            if max(opts.lora) >= len(llama.lora_scales):
+                return fail(f"lora names adapter {max(opts.lora)}; this engine has {len(llama.lora_scales)}")
+            lora = tuple(opts.lora.get(i, 0.0) for i in range(len(llama.lora_scales)))
+            lora = None if lora == llama.lora_scales else lora
         budget = None
         if opts.think_budget is not None:  # forced tokens: no speculative windows for it
             budget = ThinkBudget(opts.think_budget, opts.think_close, llama.piece, opts.think_open)
@@ -234,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
             Request(cmd.rid, prompt, opts.sampling, opts.max_tokens or llama.n_ctx, frozenset(opts.stop_ids) | eog,
                     opts.logprobs, logprobs_processed=opts.logprobs_mode == "processed", grammar=grammar,
                     spec_k=args.spec_k if opts.spec != "off" and budget is None else 0,
-                    spec_draft=opts.spec == "draft", isolate=opts.isolate, budget=budget)
+                    spec_draft=opts.spec == "draft", isolate=opts.isolate or lora is not None, budget=budget,
+                    lora=lora)
         )  # fmt: skip
 
     def embed(cmd: proto.Embed) -> None:

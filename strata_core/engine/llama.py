@@ -33,13 +33,14 @@ class ModelOptions:
     tensor_split: tuple[float, ...] = ()  # empty: by each GPU's free memory
     main_gpu: int = 0
     cache_types: tuple[str, str] = ("f16", "f16")  # the KV cache's (keys, values), config.CACHE_TYPES
+    loras: tuple[tuple[str, float], ...] = ()  # LoRA adapters: (path, the scale requests get by default)
 
 
-#: Each KV cache type's ggml type and (bytes, elements) of one block (ggml's type traits).
+#: Each KV cache type's enum ggml_type value (ggml.h; the bindings lack BF16) and the
+#: (bytes, elements) of one block (ggml's type traits).
 KV_TYPES = {
-    "f16": (ll.GGML_TYPE_F16, 2, 1), "bf16": (ll.GGML_TYPE_BF16, 2, 1), "q8_0": (ll.GGML_TYPE_Q8_0, 34, 32),
-    "q5_1": (ll.GGML_TYPE_Q5_1, 24, 32), "q5_0": (ll.GGML_TYPE_Q5_0, 22, 32), "q4_1": (ll.GGML_TYPE_Q4_1, 20, 32),
-    "q4_0": (ll.GGML_TYPE_Q4_0, 18, 32), "iq4_nl": (ll.GGML_TYPE_IQ4_NL, 18, 32),
+    "f16": (1, 2, 1), "bf16": (30, 2, 1), "q8_0": (8, 34, 32), "q5_1": (7, 24, 32), "q5_0": (6, 22, 32),
+    "q4_1": (3, 20, 32), "q4_0": (2, 18, 32), "iq4_nl": (20, 18, 32),
 }  # fmt: skip
 
 
@@ -169,9 +170,39 @@ class Llama:
         #: an input's most tokens: llama.cpp pools a sequence within one micro-batch
         self.embd_max_tokens = opts.n_batch
         self.pooling = self._own_pooling()
+        self._load_loras(opts.loras)
         #: what READY reports of the KV cache: its types and its bytes per slot
         self.kv_cache = {"type_k": opts.cache_types[0], "type_v": opts.cache_types[1],
                          "bytes_per_slot": self._kv_bytes_per_slot(*opts.cache_types)}  # fmt: skip
+
+    # ---- LoRA adapters ----------------------------------------------------------------
+
+    def _load_loras(self, loras: tuple[tuple[str, float], ...]) -> None:
+        self._loras: list[Any] = []
+        for path, _ in loras:
+            adapter = ll.llama_adapter_lora_init(self.model, path.encode())
+            if not adapter:
+                raise LlamaError(f"llama.cpp could not load the LoRA adapter {path} (for this model? the engine's log says why)")
+            self._loras.append(adapter)
+        #: each adapter's default scale, what a request without its own scales gets
+        self.lora_scales = tuple(scale for _, scale in loras)
+        self._lora_now: tuple[float, ...] = ()  # the context has no adapters set yet
+        self.use_lora(None)
+
+    def use_lora(self, scales: tuple[float, ...] | None) -> None:
+        """Apply the adapters at ``scales`` (None: their default scales) to the decodes that
+        follow; llama.cpp applies adapters per context, so requests with other scales must
+        decode in calls of their own."""
+        scales = self.lora_scales if scales is None else scales
+        if scales == self._lora_now or not self._loras:
+            return
+        # an adapter at scale 0 is left out, so the graph is the base model's own
+        on = [(a, v) for a, v in zip(self._loras, scales, strict=True) if v != 0.0]
+        adapters = (ll.llama_adapter_lora_p_ctypes * max(len(on), 1))(*(a for a, _ in on))
+        values = (ctypes.c_float * max(len(on), 1))(*(v for _, v in on))
+        if ll.llama_set_adapters_lora(self.ctx, adapters, len(on), values) != 0:
+            raise LlamaError(f"llama.cpp could not set the LoRA scales {scales}")
+        self._lora_now = scales
 
     # ---- decoding -----------------------------------------------------------------
 

@@ -70,6 +70,9 @@ class Request:
     isolate: bool = False
     grammar: GrammarMatcher | None = None  # constrained decoding: the mask before each sample
     budget: ThinkBudget | None = None  # a reasoning budget: the closing marker once it is spent
+    #: LoRA scales of its own (None: the configured ones); such a request is isolated, and
+    #: its slot's cache, computed under them, is dropped when it ends
+    lora: tuple[float, ...] | None = None
     drafted: int = 0
     accepted: int = 0
     acceptance: Acceptance = field(default_factory=Acceptance)  # of n-gram drafts, real or shadow
@@ -200,6 +203,9 @@ class Scheduler:
     def _finish(self, slot: Slot, reason: str) -> None:
         assert slot.req is not None
         self._done(slot.req, reason)
+        if slot.req.lora is not None:  # KV of other adapters: no later prompt may reuse it
+            self.llama.seq_trim(slot.seq, 0)
+            slot.cached, slot.first = [], {}
         slot.req, slot.pending, slot.last = None, [], None
 
     def _fail(self, slot: Slot, message: str) -> None:
@@ -365,6 +371,7 @@ class Scheduler:
                 break
             taken = self._chunk(slot, budget, decoding, from_prefill)
             budget, rows, whole = budget - taken, rows + taken, whole or not slot.pending
+        self.llama.use_lora(None)
         self._prefill()
         for slot, idx in from_prefill:
             assert slot.last is not None
@@ -378,6 +385,7 @@ class Scheduler:
             if slot.req is not None and slot.req.isolate and slot.pending:
                 batch.clear()
                 self._chunk(slot, batch.capacity, decoding)
+                self.llama.use_lora(slot.req.lora)
                 self._prefill()
         shared = [s for s in decoding if s.req is not None and not s.req.isolate]
         groups = [shared] if shared else []
@@ -442,6 +450,7 @@ class Scheduler:
         t0 = time.perf_counter()
         batch = self.batch
         batch.clear()
+        self.llama.use_lora(group[0].req.lora if group[0].req is not None else None)
         windows: list[tuple[Slot, int, Proposal]] = []
         layout: list[tuple[int, int]] = []  # (sequence, rows) in batch order
         fill = self._gaps(group, drafts)

@@ -6,6 +6,8 @@
 - ``reranker``: a Qwen3-shaped reranker with random weights, a real tokenizer and a
   classification head (``cls.output``, labels yes / no, pooling rank), as llama.cpp
   converts Qwen3-Reranker.
+- ``lora``: a LoRA adapter for a model, random low-rank updates of its attention and
+  feed-forward weights (the same seed gives the same file).
 - ``truncate``: a model keeping only its first layers, e.g. a draft model for
   self-speculation that shares the vocabulary.
 - ``write_with_template``: a model carrying another chat template.
@@ -167,6 +169,35 @@ def write_reranker(tokenizer: Path, dst: Path, shape: Shape = SHAPES["tiny"], se
     writer.close()
 
 
+#: The weights a ``write_lora`` adapter updates, in every block.
+LORA_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_up", "ffn_down")
+
+
+def write_lora(base: Path, dst: Path, rank: int = 8, seed: int = 0, strength: float = 1.0) -> None:
+    """A LoRA adapter for ``base``: per target weight W (``n_in`` to ``n_out``), random
+    ``lora_a`` (rank x n_in) and ``lora_b`` (n_out x rank) whose product, at scale 1, is an
+    update about ``strength`` times as large as a unit-variance input's projection."""
+    reader = gguf.GGUFReader(base)
+    writer = gguf.GGUFWriter(dst, _arch_fields(reader))
+    writer.add_type(gguf.GGUFType.ADAPTER)
+    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(rank))  # alpha / rank = 1: scale alone sets it
+    rng = np.random.default_rng(seed)
+    for t in reader.tensors:
+        parts = t.name.split(".")
+        if len(parts) != 4 or parts[0] != "blk" or parts[2] not in LORA_TARGETS:
+            continue
+        n_in, n_out = (int(x) for x in t.shape[:2])
+        a = rng.standard_normal((rank, n_in), dtype=np.float32) / np.float32(np.sqrt(n_in))
+        b = rng.standard_normal((n_out, rank), dtype=np.float32) * np.float32(strength / np.sqrt(rank))
+        writer.add_tensor(f"{t.name}.lora_a", a)
+        writer.add_tensor(f"{t.name}.lora_b", b)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def _rewrite(src: Path, dst: Path, n_layers: int | None = None, chat_template: str | None = None) -> None:
     """``src`` copied tensor for tensor, keeping only the first ``n_layers`` blocks and
     carrying ``chat_template`` instead of its own, when given."""
@@ -225,6 +256,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tokenizer", type=Path, required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("dst", type=Path)
+    p = sub.add_parser("lora")
+    p.add_argument("base", type=Path)
+    p.add_argument("dst", type=Path)
+    p.add_argument("--seed", type=int, default=0)
     p = sub.add_parser("truncate")
     p.add_argument("src", type=Path)
     p.add_argument("dst", type=Path)
@@ -234,6 +269,8 @@ def main(argv: list[str] | None = None) -> None:
         write_tokenizer(a.src, a.dst)
     elif a.cmd == "random":
         write_random(a.tokenizer, a.dst, SHAPES[a.shape], a.seed)
+    elif a.cmd == "lora":
+        write_lora(a.base, a.dst, seed=a.seed)
     elif a.cmd == "reranker":
         write_reranker(a.tokenizer, a.dst, seed=a.seed)
     else:
