@@ -85,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m strata_core.engine")
     ap.add_argument("--model", required=True)
     ap.add_argument("--n-ctx", type=int, default=eng.n_ctx, help="context per slot")
-    ap.add_argument("--parallel", type=int, default=eng.parallel)
+    ap.add_argument("--parallel", type=_slots, default=eng.parallel, help='slots, or "auto": as many as the GPU holds')
     ap.add_argument("--n-batch", type=int, default=eng.n_batch)
     ap.add_argument("--threads", type=int, default=eng.threads)
     ap.add_argument("--n-gpu-layers", type=int, default=0)
@@ -109,6 +109,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def _slots(text: str) -> int | str:
+    from strata_core.config import check_parallel
+
+    try:
+        return check_parallel(text)  # type: ignore[no-any-return]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _proportions(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
@@ -128,196 +137,117 @@ def stdin_reader(q: queue.Queue[Any], answer_now: Callable[[Any], bool]) -> None
     q.put(proto.Quit())
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack to stderr
+def load(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The model (and the draft model, if any), warmed up; raises why it cannot start."""
     # Imported here so --help works without a native build on the path.
     # llama.py first: libllama's native libraries must load before numpy's. The other
     # order made model loading segfault with CUDA 13 and numpy 2.5 on an H200.
-    from strata_core.engine.llama import Llama, ModelOptions  # isort: skip
+    from strata_core.engine.llama import Llama, ModelOptions, ll  # isort: skip
     from strata_core.config import check_cache_types, check_split, split_settings
-    from strata_core.engine.budget import ThinkBudget
-    from strata_core.engine.drafter import DraftModel, check_shared_vocab
-    from strata_core.engine.grammar import Grammars
-    from strata_core.engine.scheduler import Request, Scheduler
-    from strata_core.options import GenOptions
+    from strata_core.engine.speculation.drafter import DraftModel, check_shared_vocab
 
+    if args.parallel == "auto":
+        fit_parallel(args, ll)
+    flash_attn = {"on": True, "off": False}.get(args.flash_attn)
+    # The configuration's own rules, for an engine started by any client.
+    split = split_settings(args.split_mode, args.tensor_split, args.main_gpu)
+    check_split(split.split_mode, flash_attn, args.n_gpu_layers)
+    check_cache_types(args.cache_type_k, args.cache_type_v, flash_attn, split.split_mode)
+    loras = tuple((p, args.lora_scale[i] if i < len(args.lora_scale) else 1.0) for i, p in enumerate(args.lora))
+    opts = ModelOptions(
+        path=args.model, n_ctx=args.n_ctx, n_seq=args.parallel, n_batch=args.n_batch, threads=args.threads,
+        n_gpu_layers=args.n_gpu_layers, flash_attn=flash_attn, split_mode=split.split_mode,
+        tensor_split=tuple(split.tensor_split or ()), main_gpu=split.main_gpu,
+        cache_types=(args.cache_type_k, args.cache_type_v), loras=loras,
+    )  # fmt: skip
+    llama, drafter = Llama(opts), None
+    if args.draft_model:
+        draft = Llama(dataclasses.replace(opts, path=args.draft_model, loras=()))
+        check_shared_vocab(llama, draft, args.draft_model)
+        draft.warm_up()
+        drafter = DraftModel(draft, args.spec_threshold)
+    llama.warm_up()
+    return llama, drafter
+
+
+def fit_parallel(args: argparse.Namespace, ll: Any) -> None:
+    """``--parallel auto``: the slots (and context per slot) the GPU's free memory holds
+    (engine/fit.py), or CPU_PARALLEL without a GPU; said on stderr and in READY."""
+    from strata_core.config import CPU_PARALLEL
+    from strata_core.engine.fit import auto_slots, device_free_memory
+
+    ll.llama_backend_init()
+    gpu = args.n_gpu_layers != 0 and bool(ll.llama_supports_gpu_offload())
+    free = device_free_memory(os.path.dirname(ll._lib._name)) if gpu else None
+    extra = os.path.getsize(args.draft_model) if args.draft_model else 0
+    fit = auto_slots(args.model, args.n_ctx, min(args.n_batch, 512), free, extra)
+    args.parallel, args.n_ctx = (fit.slots, fit.n_ctx) if fit else (CPU_PARALLEL, args.n_ctx)
+    args.fit = fit.describe() if fit else f"parallel auto: {CPU_PARALLEL} slots (no GPU)"
+    print(args.fit, file=sys.stderr)
+
+
+def ready(args: argparse.Namespace, llama: Any, drafter: Any) -> proto.Ready:
+    import llama_cpp
+
+    return proto.Ready(
+        {
+            "protocol": proto.PROTOCOL_VERSION,
+            "engine": "strata",
+            "llama_cpp_python": llama_cpp.__version__,
+            "backend": args.backend,
+            "pid": os.getpid(),
+            "slots": args.parallel,
+            **({"parallel_fit": args.fit} if getattr(args, "fit", None) else {}),
+            "n_batch": llama.n_batch,
+            "split": llama.split,
+            "kv_cache": llama.kv_cache,
+            "lora": [{"id": i, "path": p, "scale": llama.lora_scales[i]} for i, p in enumerate(args.lora)],
+            "capabilities": CAPABILITIES + (["spec_draft"] if drafter else [])
+            + (["embeddings"] if llama.pooling != "rank" else ["rerank"]),
+            **llama.facts(),
+        }
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack to stderr
     out = Output()
-    drafter = None
     try:
-        flash_attn = {"on": True, "off": False}.get(args.flash_attn)
-        # The configuration's own rules, for an engine started by any client.
-        split = split_settings(args.split_mode, args.tensor_split, args.main_gpu)
-        check_split(split.split_mode, flash_attn, args.n_gpu_layers)
-        check_cache_types(args.cache_type_k, args.cache_type_v, flash_attn, split.split_mode)
-        opts = ModelOptions(
-            path=args.model,
-            n_ctx=args.n_ctx,
-            n_seq=args.parallel,
-            n_batch=args.n_batch,
-            threads=args.threads,
-            n_gpu_layers=args.n_gpu_layers,
-            flash_attn=flash_attn,
-            split_mode=split.split_mode,
-            tensor_split=tuple(split.tensor_split or ()),
-            main_gpu=split.main_gpu,
-            cache_types=(args.cache_type_k, args.cache_type_v),
-            loras=tuple((p, args.lora_scale[i] if i < len(args.lora_scale) else 1.0) for i, p in enumerate(args.lora)),
-        )
-        llama = Llama(opts)
-        if args.draft_model:
-            draft = Llama(dataclasses.replace(opts, path=args.draft_model, loras=()))
-            check_shared_vocab(llama, draft, args.draft_model)
-            draft.warm_up()
-            drafter = DraftModel(draft, args.spec_threshold)
-        llama.warm_up()
+        llama, drafter = load(args)
     except Exception as exc:
         out.emit(proto.Error(None, f"engine failed to start: {exc}"))
         out.flush()
         return 1
-    import llama_cpp
-    import numpy as np
+    from strata_core.engine.commands import Commands
+    from strata_core.engine.loop import Engine
 
-    facts = llama.facts()
-    eog = frozenset(facts["eog"])
-    out.emit(
-        proto.Ready(
-            {
-                "protocol": proto.PROTOCOL_VERSION,
-                "engine": "strata",
-                "llama_cpp_python": llama_cpp.__version__,
-                "backend": args.backend,
-                "pid": os.getpid(),
-                "slots": args.parallel,
-                "n_batch": llama.n_batch,
-                "split": llama.split,
-                "kv_cache": llama.kv_cache,
-                "lora": [{"id": i, "path": p, "scale": llama.lora_scales[i]} for i, p in enumerate(args.lora)],
-                "capabilities": CAPABILITIES + (["spec_draft"] if drafter else [])
-                + (["embeddings"] if llama.pooling != "rank" else ["rerank"]),
-                **facts,
-            }
-        )
-    )
+    out.emit(ready(args, llama, drafter))
     out.flush()
-    sched = Scheduler(
+    engine = Engine(
         llama, out.emit, drafter, adaptive=not args.spec_fixed, saved_bytes=args.prompt_cache_mib << 20,
         shape_costs=llama.on_gpu, trace=step_trace(os.environ.get(TRACE_ENV)),
     )  # fmt: skip
-    grammars = Grammars(lambda: llama.grammar_tokenizer(sorted(eog)), llama.n_vocab)
-    warned: set[str] = set()
-
-    def start(cmd: proto.Gen) -> None:
-        def fail(msg: str) -> None:
-            out.emit(proto.Error(cmd.rid, msg))
-            out.emit(proto.Done(cmd.rid, "error", {}))
-
-        for key in GenOptions.unknown(cmd.keys):
-            if key not in warned:
-                warned.add(key)
-                out.emit(proto.Warn(cmd.rid, f"unknown key {key}"))
-        prompt = list(cmd.prompt)
-        if not prompt:
-            return fail("empty prompt")
-        if len(prompt) >= llama.n_ctx:
-            return fail(f"prompt has {len(prompt)} tokens; the context holds {llama.n_ctx}")
-        bad = [t for t in prompt if t >= llama.n_vocab]
-        if bad:
-            return fail(f"prompt token {bad[0]} is outside the vocabulary (n_vocab {llama.n_vocab})")
-        try:
-            opts = GenOptions.decode(cmd.keys)
-            opts.check(llama.n_vocab)
-            if opts.spec == "draft" and drafter is None:
-                raise ValueError("spec=draft needs a draft model: start the engine with --draft-model PATH")
-            grammar = grammars.matcher(opts.grammar) if opts.grammar is not None else None
-        except ValueError as exc:
-            return fail(str(exc))
-        lora = None
-        if opts.lora:  # other adapter scales than the configured ones: decoded apart, no shared cache
-            if max(opts.lora) >= len(llama.lora_scales):
-                return fail(f"lora names adapter {max(opts.lora)}; this engine has {len(llama.lora_scales)}")
-            lora = tuple(opts.lora.get(i, 0.0) for i in range(len(llama.lora_scales)))
-            lora = None if lora == llama.lora_scales else lora
-        budget = None
-        if opts.think_budget is not None:  # forced tokens: no speculative windows for it
-            budget = ThinkBudget(opts.think_budget, opts.think_close, llama.piece, opts.think_open)
-        sched.submit(
-            Request(cmd.rid, prompt, opts.sampling, opts.max_tokens or llama.n_ctx, frozenset(opts.stop_ids) | eog,
-                    opts.logprobs, logprobs_processed=opts.logprobs_mode == "processed", grammar=grammar,
-                    spec_k=args.spec_k if opts.spec != "off" and budget is None else 0,
-                    spec_draft=opts.spec == "draft", isolate=opts.isolate or lora is not None, budget=budget,
-                    lora=lora)
-        )  # fmt: skip
-
-    def embed(cmd: proto.Embed) -> None:
-        """One input's embedding, between two scheduler steps (on the main thread, the only
-        one that decodes: the embeddings context shares the model and the cores)."""
-        bad = [t for t in cmd.ids if t >= llama.n_vocab]
-        if bad:
-            out.emit(proto.Error(cmd.rid, f"token {bad[0]} is outside the vocabulary (n_vocab {llama.n_vocab})"))
-            return
-        try:
-            vector = llama.embed(list(cmd.ids))
-        except Exception as exc:  # an input too long, no memory for the context: this request's error
-            out.emit(proto.Error(cmd.rid, f"embedding failed: {exc}"))
-            return
-        if not np.isfinite(vector).all():
-            out.emit(proto.Error(cmd.rid, "the model's embedding is not finite"))
-            return
-        out.emit(proto.Embedding(cmd.rid, tuple(vector.tolist())))
-
-    def handle(cmd: Any) -> bool:
-        """Apply one command; False once QUIT was seen."""
-        if isinstance(cmd, proto.ProtocolError):
-            out.emit(proto.Error(None, str(cmd)))
-        elif isinstance(cmd, proto.Gen):
-            start(cmd)
-        elif isinstance(cmd, proto.Cancel):
-            sched.cancel(cmd.rid)
-        elif isinstance(cmd, proto.Embed):
-            embed(cmd)
-        elif isinstance(cmd, proto.VocabRequest):
-            pieces = tuple(llama.piece(t) for t in range(llama.n_vocab))
-            out.emit(proto.Vocab(cmd.rid, pieces))
-        elif isinstance(cmd, proto.Quit):
-            return False
-        return True
-
+    commands = Commands(llama, engine, out.emit, args.spec_k, drafter is not None)
     q: queue.Queue[Any] = queue.Queue()
-    def answer_now(cmd: Any) -> bool:
-        """TOKENIZE is answered by the reader thread at once, even while a step decodes:
-        it reads only the vocabulary, and a new request's prompt must not wait behind the
-        prefill of the one before it."""
-        if not isinstance(cmd, proto.Tokenize):
-            return False
-        ids = llama.tokenize(cmd.text.encode("utf-8"), False, cmd.special)
-        out.write_now(proto.Tokens(cmd.rid, tuple(ids)))
-        return True
-
-    threading.Thread(target=stdin_reader, args=(q, answer_now), daemon=True).start()
+    threading.Thread(target=stdin_reader, args=(q, commands.answer_now(out.write_now)), daemon=True).start()
     running = True
-    while running or sched.busy:
+    while running or engine.busy:
         try:
             # Block only when there is nothing to decode; till a command comes, save the
             # free slots' caches one at a time, off the path of the requests to come.
-            while not sched.busy and q.empty() and sched.save_idle():
+            while not engine.busy and q.empty() and engine.save_idle():
                 pass
-            cmd = q.get(block=not sched.busy)
-            running = handle(cmd) and running
+            running = commands.handle(q.get(block=not engine.busy)) and running
             while True:
-                running = handle(q.get_nowait()) and running
+                running = commands.handle(q.get_nowait()) and running
         except queue.Empty:
             pass
         try:
-            sched.step()
+            engine.step()
         except Exception as exc:  # a failed decode ends the requests in it, not the engine
             traceback.print_exc()  # to the engine's log: why every request in flight failed
-            for slot in sched.slots:
-                if slot.req is not None:
-                    out.emit(proto.Error(slot.req.rid, f"decode failed: {exc}"))
-                    sched._finish(slot, "error")
-                slot.cached = []
-                llama.seq_trim(slot.seq, 0)
+            engine.fail_all(f"decode failed: {exc}")
         out.flush()
     out.flush()
     return 0

@@ -110,6 +110,14 @@ class Batch:
         self.n = i + k
         return i
 
+    def fill(self, token: list[int], pos: list[int], seq: list[int], logits: list[int]) -> None:
+        """Set the whole batch from one list per field (a step's many short rows at once)."""
+        n = len(token)
+        if n > self.capacity:
+            raise LlamaError(f"batch overflow: {n} > {self.capacity}")
+        self.token[:n], self.pos[:n], self.seq[:n], self.logits[:n] = token, pos, seq, logits
+        self.n = n
+
     def add_one(self, token: int, pos: int, seq: int) -> int:
         i = self.n
         self.token[i] = token
@@ -235,6 +243,12 @@ class Llama:
         """The logits row of batch index ``i`` (valid until the next decode)."""
         ptr = ll.llama_get_logits_ith(self.ctx, i)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def outputs(self, n: int) -> npt.NDArray[np.float32]:
+        """The last decode's ``n`` logits rows (those its batch asked for), in batch order,
+        as one matrix (valid until the next decode)."""
+        ptr = ll.llama_get_logits(self.ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab))
 
     def seq_trim(self, seq: int, keep: int) -> None:
         """Drop the cached positions >= ``keep`` of ``seq``."""
