@@ -61,6 +61,32 @@ class ServerConfig(_Section):
     catalog: bool = False
 
 
+#: The KV cache types llama.cpp takes (its ``--cache-type-k`` / ``-v`` names).
+CACHE_TYPES = ("f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
+CacheType = Literal["f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"]
+
+
+class LoraAdapter(_Section):
+    """One LoRA adapter (a GGUF made for the model): applied at ``scale`` to every request
+    that names no scales of its own (``lora`` in the request, as llama-server takes it)."""
+
+    path: str = Field(min_length=1)
+    scale: float = Field(default=1.0, allow_inf_nan=False)
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]{1,64}$")
+
+    def label(self) -> str:
+        """Its name, else its file's stem."""
+        return self.name or Path(self.path).stem
+
+
+def _unique_names(adapters: list[LoraAdapter] | None) -> list[LoraAdapter] | None:
+    names = [a.label() for a in adapters or ()]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"LoRA adapter names must be unique; {twice[0]!r} appears more than once (set name)")
+    return adapters
+
+
 #: A CPU's slots under parallel = "auto": its step cost grows with every row.
 CPU_PARALLEL = 4
 MAX_PARALLEL = 256
@@ -111,6 +137,13 @@ class EngineConfig(_Section):
     #: Host memory (MiB) for slot caches saved when their slot moves on to another prompt,
     #: so a later request sharing their prefix loads them instead of prefilling; 0: none.
     prompt_cache_mib: int = Field(default=256, ge=0)
+    #: How the KV cache stores keys and values (llama-server's -ctk / -ctv): a quantised
+    #: type holds more context per slot in less memory; a quantised V needs flash attention.
+    cache_type_k: CacheType = "f16"
+    cache_type_v: CacheType = "f16"
+    #: LoRA adapters loaded with the model: [{path, scale, name}]
+    lora: list[LoraAdapter] = Field(default_factory=list)
+    _lora_names = field_validator("lora")(_unique_names)
     #: Use this llama-cpp-python instead of building one: a directory holding the
     #: ``llama_cpp`` package, or a wheel file.
     llama_cpp: str | None = None
@@ -226,6 +259,9 @@ class ModelConfig(_Section):
     n_ctx: int | None = Field(default=None, ge=64, le=1 << 20)
     threads: int | None = Field(default=None, ge=1, le=1024)
     speculative: SpeculativeConfig | None = None
+    #: LoRA adapters loaded with this model (else [engine] lora): [{path, scale, name}]
+    lora: list[LoraAdapter] | None = None
+    _lora_names = field_validator("lora")(_unique_names)
     #: false: the engine starts on the model's first request instead of with the server.
     preload: bool = True
 
@@ -297,7 +333,7 @@ class Config(_Section):
         (and over [speculative] when it has its own)."""
         m = self.models[name]
         engine = {"model": m.path, "backend": m.backend, "parallel": m.parallel, "n_ctx": m.n_ctx,
-                  "threads": m.threads, "chat_template": m.chat_template}  # fmt: skip
+                  "threads": m.threads, "chat_template": m.chat_template, "lora": m.lora}  # fmt: skip
         update = {k: v for k, v in engine.items() if v is not None}
         out = self.model_copy(update={"engine": self.engine.model_copy(update=update), "models": {}})
         if m.speculative is not None:
@@ -307,8 +343,8 @@ class Config(_Section):
 
 def check_split(split_mode: str, flash_attn: bool | None, n_gpu_layers: int) -> None:
     """Refuse at start what llama.cpp refuses for ``split_mode``, given the flash attention
-    and offload the engine gets (the configuration's, or the backend's defaults). The KV
-    cache is always f16 (no key quantizes it), as tensor mode needs."""
+    and offload the engine gets (the configuration's, or the backend's defaults); the KV
+    cache types tensor mode needs are check_cache_types' to refuse."""
     if split_mode != "tensor":
         return
     if flash_attn is False:
@@ -320,6 +356,22 @@ def check_split(split_mode: str, flash_attn: bool | None, n_gpu_layers: int) -> 
         raise ConfigError(
             '[engine] split_mode = "tensor" splits the layers on the GPUs, and n_gpu_layers = 0 (or the '
             'backend\'s default) puts none there: use a GPU backend, or split_mode = "layer"'
+        )
+
+
+def check_cache_types(cache_type_k: str, cache_type_v: str, flash_attn: bool | None, split_mode: str) -> None:
+    """Refuse at start the KV cache types llama.cpp refuses, given the flash attention the
+    engine gets (the configuration's, or the backend's default) and the split mode."""
+    if split_mode == "tensor":
+        for key, value in (("cache_type_k", cache_type_k), ("cache_type_v", cache_type_v)):
+            if value != "f16":
+                raise ConfigError(f'[engine] {key} = "{value}": split_mode = "tensor" needs an f16 KV cache '
+                                  f'(set {key} = "f16", or split_mode = "layer")')  # fmt: skip
+    if cache_type_v not in ("f16", "bf16") and flash_attn is False:
+        raise ConfigError(
+            f'[engine] cache_type_v = "{cache_type_v}" is quantised, which llama.cpp allows only with flash '
+            'attention, and flash_attn is off (flash_attn, or the backend\'s default): set flash_attn = true, '
+            'or cache_type_v = "f16"'
         )
 
 

@@ -149,6 +149,13 @@ class GenOptions:
     spec: Literal["off", "ngram", "draft"] = _opt("off", TEXT)
     #: decode in a batch of its own, without windows, so a seeded request replays exactly
     isolate: bool = _opt(False, FLAG)
+    #: reasoning budget (engine/budget.py): after this many reasoning tokens the engine emits
+    #: ``think_close`` (the closing marker's ids); ``think_open``: the prompt opened the block
+    think_budget: int | None = _opt(None, INT)
+    think_close: tuple[int, ...] = _opt((), IDS)
+    think_open: bool = _opt(False, FLAG)
+    #: LoRA adapter scales by adapter id (an adapter left out: 0); empty: the configured scales
+    lora: Mapping[int, float] = _opt({}, BIAS)
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None:
@@ -157,11 +164,17 @@ class GenOptions:
             _check("logprobs", 0 <= self.logprobs <= MAX_ALTERNATIVES, self.logprobs, f"0..{MAX_ALTERNATIVES}")
         _one_of("logprobs_mode", self.logprobs_mode, LOGPROBS_MODES)
         _one_of("spec", self.spec, SPEC_MODES)
+        for i, v in self.lora.items():
+            _check("lora", i >= 0 and math.isfinite(v), f"{i}:{v}", "adapter ids >= 0 with finite scales")
+        if self.think_budget is not None:
+            _check("think_budget", self.think_budget >= 0, self.think_budget, ">= 0")
+            _check("think_close", bool(self.think_close), "", "the closing marker's token ids, with think_budget")
 
     def check(self, n_vocab: int) -> None:
         """Refuse token ids outside a vocabulary of ``n_vocab`` (OptionError naming the key)."""
         s = self.sampling
-        for key, ids in (("bias", s.bias), ("allowed", s.allowed or ()), ("stop_ids", self.stop_ids)):
+        for key, ids in (("bias", s.bias), ("allowed", s.allowed or ()), ("stop_ids", self.stop_ids),
+                         ("think_close", self.think_close)):  # fmt: skip
             bad = [t for t in ids if not 0 <= t < n_vocab]
             _check(key, not bad, bad[:1] and bad[0], f"token ids in [0, {n_vocab}) (the vocabulary)")
 

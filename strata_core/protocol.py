@@ -21,7 +21,9 @@ What the design leaves open is settled here:
   little-endian byte length followed by its bytes, so a piece holds at most 65535 bytes.
 * Logprobs are written with ``repr(float)`` and round-trip exactly; ``inf`` and ``-inf``
   are allowed, NaN is not.
-* ``ERR``/``WARN`` messages are free text; encoding turns line breaks into spaces.
+* ``ERR``/``WARN`` messages are free text; encoding turns line breaks into spaces. An
+  ``ERR`` that begins with :data:`GRAMMAR_REFUSED` says the request's grammar is what
+  failed (the caller's constraint, not the engine): the server answers it with a 400.
 * ``EMBED <rid> <id> ...``: one input's token ids (at least one), for its pooled
   embedding; answered ``EMBEDDING <rid> <b64>``, the vector as float32 little-endian, every
   value finite (an engine that computed NaN or infinity says so with ``ERR`` instead).
@@ -60,6 +62,8 @@ _QUOTE_MAX = 120
 #: ``grammar=<kind>:<b64>`` kinds; ``json_object`` stands alone (any JSON object).
 GRAMMAR_KINDS = ("llguidance", "json_schema", "lark", "regex")
 JSON_OBJECT = "json_object"
+#: How an ``ERR`` begins when llguidance refused the request's grammar; a short reason follows.
+GRAMMAR_REFUSED = "grammar refused:"
 
 
 class ProtocolError(ValueError):

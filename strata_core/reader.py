@@ -50,10 +50,12 @@ class Usage:
     cached: int = 0
     drafted: int = 0  # speculative tokens proposed / accepted (an extension)
     accepted: int = 0
+    reasoning: int = 0  # completion tokens emitted while the reply reasoned (counted by the server)
 
     def add_choice(self, other: Usage, first_of_prompt: bool) -> None:
         """Fold one choice's usage in; its prompt's cache counts once per prompt."""
         self.completion += other.completion
+        self.reasoning += other.reasoning
         self.drafted += other.drafted
         self.accepted += other.accepted
         if first_of_prompt:
@@ -413,6 +415,8 @@ def engine_command(
     split_mode: str = EngineConfig().split_mode,
     tensor_split: Sequence[float] | None = None,
     main_gpu: int = EngineConfig().main_gpu,
+    cache_types: tuple[str, str] = (EngineConfig().cache_type_k, EngineConfig().cache_type_v),
+    loras: Sequence[tuple[str, float]] = (),
 ) -> EngineCommand:
     """The argv and environment that run the engine on a backend's build at ``site``
     (what is not given: the configuration's defaults)."""
@@ -430,6 +434,9 @@ def engine_command(
     argv += ["--split-mode", split_mode, "--main-gpu", str(main_gpu)]
     if tensor_split:
         argv += ["--tensor-split", ",".join(repr(float(x)) for x in tensor_split)]
+    argv += ["--cache-type-k", cache_types[0], "--cache-type-v", cache_types[1]]
+    for path, scale in loras:
+        argv += ["--lora", path, "--lora-scale", repr(float(scale))]
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     path = os.pathsep.join(p for p in (site, here, os.environ.get("PYTHONPATH", "")) if p)
     full_env = dict(env)

@@ -33,6 +33,9 @@ from .options import (
 MAX_N = 16
 #: Most stop strings one request may carry (OpenAI's limit).
 MAX_STOP = 4
+#: Longest stop string, in characters: the text a stream holds back while a stop may be
+#: starting is as long as the longest one.
+MAX_STOP_CHARS = 1000
 #: Most messages in one chat, and most tools it may offer.
 MAX_MESSAGES = 2048
 MAX_TOOLS = 128
@@ -104,6 +107,13 @@ def _schema_size(value: dict[str, Any] | None) -> dict[str, Any] | None:
     return value
 
 
+def check_stop_lengths(stops: list[str]) -> None:
+    """Refuse a stop string longer than :data:`MAX_STOP_CHARS`."""
+    longest = max((len(s) for s in stops), default=0)
+    if longest > MAX_STOP_CHARS:
+        raise invalid(f"a stop string is at most {MAX_STOP_CHARS} characters, got one of {longest}")
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -146,6 +156,74 @@ class ResponseFormat(_Strict):
         if (self.type == "json_schema") != (self.json_schema is not None):
             raise invalid('json_schema is required with type "json_schema", and only there')
         return self
+
+
+#: Most choices ``structured_outputs.choice`` may list.
+MAX_CHOICES = 256
+
+
+def _text_size(value: str | None) -> str | None:
+    if value is not None and len(value) > MAX_SCHEMA_CHARS:
+        raise invalid(f"is at most {MAX_SCHEMA_CHARS} characters, got {len(value)}")
+    return value
+
+
+class StructuredOutputs(_Strict):
+    """vLLM's ``structured_outputs``: one constraint on the reply (checked and compiled by
+    text/constraints.py)."""
+
+    # "json" would shadow BaseModel.json(): the JSON key is an alias.
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    _sizes = field_validator("regex", "grammar")(_text_size)
+
+    @field_validator("json_")
+    @classmethod
+    def _json(cls, value: dict[str, Any] | str | None) -> dict[str, Any] | None:
+        if isinstance(value, str):
+            _text_size(value)
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise invalid("a JSON schema (an object, or its JSON text), got text that is not JSON") from None
+            if not isinstance(value, dict):
+                raise invalid("a JSON schema must be an object")
+        return _schema_size(value)
+
+    @field_validator("choice")
+    @classmethod
+    def _choice(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and not 1 <= len(value) <= MAX_CHOICES:
+            raise invalid(f"expected 1 to {MAX_CHOICES} choices, got {len(value)}")
+        if value is not None and not all(value):
+            raise invalid("choices must not be empty strings")
+        return value
+
+    @model_validator(mode="after")
+    def _one(self) -> StructuredOutputs:
+        kinds = self.kinds()
+        if len(kinds) != 1:
+            raise invalid("expected exactly one of json, regex, choice, grammar, json_object (true); "
+                          f"got {', '.join(kinds) or 'none'}")  # fmt: skip
+        return self
+
+    def kinds(self) -> list[str]:
+        """The constraints set (exactly one, once validated), by their JSON names."""
+        values = {"json": self.json_, "regex": self.regex, "choice": self.choice, "grammar": self.grammar,
+                  "json_object": self.json_object or None}  # fmt: skip
+        return [k for k, v in values.items() if v is not None]
+
+
+class LoraScale(_Strict):
+    """One entry of a request's ``lora`` (llama-server's shape): an adapter's id (its place
+    in ``GET /lora-adapters``) and its scale for this request."""
+
+    id: int = Field(ge=0)
+    scale: float
 
 
 class TextPart(_Strict):
@@ -287,11 +365,30 @@ class BaseRequest(_Strict):
     # end-of-generation tokens are never sampled, so the reply runs to its token limit.
     ignore_eos: bool | None = None
     response_format: ResponseFormat | None = None
+    # Extensions: vLLM's structured_outputs (json, regex, choice, grammar as Lark or GBNF,
+    # json_object) and llama-server's grammar (GBNF, or Lark).
+    structured_outputs: StructuredOutputs | None = None
+    grammar: str | None = None
+    # Extension (llama-server): LoRA adapter scales for this request; an adapter it leaves
+    # out gets 0, and a request without lora gets the configured scales.
+    lora: list[LoraScale] | None = None
+
+    _grammar_size = field_validator("grammar")(_text_size)
 
     @model_validator(mode="before")
     @classmethod
     def _refuse_later_work(cls, data: Any) -> Any:
         return drop_unset(data, NOT_YET_SUPPORTED)
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> BaseRequest:
+        fmt = self.response_format
+        given = [name for name, v in (("response_format", fmt if fmt is not None and fmt.type != "text" else None),
+                 ("structured_outputs", self.structured_outputs), ("grammar", self.grammar)) if v is not None]  # fmt: skip
+        if len(given) > 1:
+            raise PydanticCustomError("invalid_value", "{first} and {second} both constrain the reply; send one",
+                                      {"first": given[0], "second": given[1], "field": given[1]})  # fmt: skip
+        return self
 
     @field_validator("allowed_token_ids", mode="plain", json_schema_input_type=list[int] | None)
     @classmethod
@@ -325,6 +422,7 @@ class BaseRequest(_Strict):
             raise invalid(f"expected at most {MAX_STOP} stop strings, got {len(items)}")
         if not all(items):
             raise invalid("stop strings must not be empty")
+        check_stop_lengths(items)
         return value  # type: ignore[no-any-return]
 
     @field_validator("stream_options")
@@ -442,6 +540,14 @@ class ChatRequest(BaseRequest):
     parallel_tool_calls: bool | None = None
     # Extension (vLLM, SGLang): variables for the chat template, e.g. enable_thinking.
     chat_template_kwargs: dict[str, Any] | None = None
+    # Extension (llama-server's name): the most tokens the reply may reason for; then the
+    # engine closes the reasoning (</think>) and the answer follows. -1: no limit.
+    reasoning_budget: int | None = Field(default=None, ge=-1)
+
+    @field_validator("reasoning_budget")
+    @classmethod
+    def _no_limit(cls, value: int | None) -> int | None:
+        return None if value == -1 else value
 
     @field_validator("tools")
     @classmethod

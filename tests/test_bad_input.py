@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import httpx
 import pytest
 
-from strata_core.requests import MAX_MESSAGES, MAX_SCHEMA_CHARS, MAX_TOOLS
+from strata_core.requests import MAX_MESSAGES, MAX_SCHEMA_CHARS, MAX_STOP_CHARS, MAX_TOOLS
 
 pytestmark = pytest.mark.slow
 
@@ -71,6 +71,13 @@ def tool(name: str = "f", **function: Any) -> dict[str, Any]:
 def user(content: Any) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": content}]}
 
+
+#: A schema no value satisfies (every value must contain itself); it compiles, and the
+#: grammar engine found it empty only once asked for the first token (a 503 before).
+SELF_REF = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}
+#: json_object must start with "{"; this token id (the end of text) never does, so the
+#: grammar is refused in the engine, at its first sample.
+NOT_A_BRACE = 0
 
 BIG = b'{"prompt": "' + b"a" * (10 * MB) + b'"}'
 CTX = "context_length_exceeded"
@@ -169,6 +176,8 @@ CHAT_CASES = [
     chat("stop token ids (not a parameter)", {"stop_token_ids": [N_VOCAB]}, "stop_token_ids", UNSUPPORTED),
     chat("five stop strings", {"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     chat("empty stop string", {"stop": [""]}, "stop"),
+    chat("stop string of 100,000 characters", {"stop": ["x" * 100_000]}, "stop"),
+    chat("stop string one past the length limit", {"stop": ["ok", "x" * (MAX_STOP_CHARS + 1)]}, "stop"),
     chat("stop a number", {"stop": 5}, "stop", "invalid_type"),
     chat("stream a string", {"stream": "yes"}, "stream", "invalid_type"),
     chat("stream_options without stream", {"stream_options": {"include_usage": True}}, "stream_options"),
@@ -188,10 +197,17 @@ CHAT_CASES = [
          "response_format.json_schema.schema"),  # fmt: skip
     chat("json_schema nested 300 deep", {"response_format": json_schema(deep_schema(300))},
          "response_format.json_schema.schema" + ".properties.a" * 30 + ".properties", "too_deep"),  # fmt: skip
+    chat("json_schema admitting no value", {"response_format": json_schema(SELF_REF)}, "response_format"),
+    chat("json_schema admitting no value, strict", {"response_format": {"type": "json_schema", "json_schema": {
+         "name": "x", "schema": SELF_REF, "strict": True}}}, "response_format"),  # fmt: skip
+    chat("json_object where allowed_token_ids leave nothing", {"response_format": {"type": "json_object"},
+         "allowed_token_ids": [NOT_A_BRACE]}, "response_format"),  # fmt: skip
     # the default model's template never reads tools: the generic format's grammar enforces them
     chat("tool parameters not a schema", {"tools": [tool(parameters={"type": 5})]}, "tools"),
     chat("generic tools with response_format", {"tools": [tool()], "response_format": {"type": "json_object"}},
          "response_format", "unsupported_value"),  # fmt: skip
+    chat("tool parameters admitting no value", {"tools": [tool(parameters=SELF_REF)], "tool_choice": "required"},
+         "tools"),  # fmt: skip
     chat("too many tools", {"tools": [tool(f"f{i}") for i in range(MAX_TOOLS + 1)]}, "tools"),
     chat("tools empty", {"tools": []}, "tools"),
     chat("tool type unknown", {"tools": [{"type": "retrieval", "function": {"name": "f"}}]}, "tools.0.type"),
@@ -227,6 +243,8 @@ COMPLETION_CASES = [
     compl("logprobs above 20", {"logprobs": 21}, "logprobs"),
     compl("logprobs a string", {"logprobs": "x"}, "logprobs", "invalid_type"),
     compl("suffix", {"suffix": "x"}, "suffix", UNSUPPORTED),
+    compl("stop string of 100,000 characters", {"stop": "x" * 100_000}, "stop"),
+    compl("json_schema admitting no value", {"response_format": json_schema(SELF_REF)}, "response_format"),
     compl("best_of", {"best_of": 2}, "best_of", UNSUPPORTED),
     compl("logit_bias out of vocabulary", {"logit_bias": {str(N_VOCAB): -100}}, "logit_bias"),
     compl("unknown model", {"model": "text-davinci-003"}, "model", "model_not_found", 404),
@@ -290,6 +308,21 @@ def test_bad_input(base: str, case: Case) -> None:
     path = case.path.rpartition(" ")[2]
     ok = httpx.post(f"{base}{path if path in VALID else COMPL}", json=VALID.get(path, VALID[COMPL]), timeout=120)
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1, ok.text
+
+
+def test_a_stop_string_at_the_length_limit_is_accepted(base: str) -> None:
+    r = httpx.post(f"{base}{COMPL}", json={**VALID[COMPL], "stop": "x" * MAX_STOP_CHARS}, timeout=120)
+    assert r.status_code == 200, r.text
+
+
+def test_a_grammar_the_engine_refuses_ends_a_stream_with_a_400_error_event(base: str) -> None:
+    body = {"messages": MSG, "max_tokens": 2, "stream": True, "response_format": {"type": "json_object"},
+            "allowed_token_ids": [NOT_A_BRACE]}  # fmt: skip
+    r = httpx.post(f"{base}{CHAT}", json=body, timeout=120)
+    events = [json.loads(ln[6:]) for ln in r.text.splitlines() if ln.startswith("data: {")]
+    error = events[-1]["error"]
+    assert (error["param"], error["code"]) == ("response_format", "invalid_value"), error
+    assert "no token is permitted" in error["message"] and "\n" not in error["message"], error
 
 
 def test_a_body_over_the_limit_without_content_length(base: str) -> None:

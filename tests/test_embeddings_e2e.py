@@ -10,6 +10,7 @@ import os
 import subprocess
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -137,30 +138,40 @@ def llama_server_binary(engine: EngineBuild) -> Path | None:
     return next((p for p in found if p.is_file() and os.access(p, os.X_OK)), None)
 
 
+@contextmanager
+def running_llama_server(binary: Path, args: list[str], log_path: Path) -> Iterator[str]:
+    """llama-server with ``args`` on a free loopback port, its console in ``log_path``; its URL."""
+    port = free_port()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([str(binary), "--host", "127.0.0.1", "--port", str(port), *args],
+                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        base = f"http://127.0.0.1:{port}"
+        try:
+            wait_healthy(proc, base, log_path)
+            yield base
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+#: The engine's attention kernel for llama-server's -fa: flash attention alone moves this
+#: model's vectors by 1e-2.
+FLASH = {True: "on", False: "off", None: "auto"}[CpuBackend().engine_defaults().flash_attn]
+
+
 @pytest.fixture(scope="module")
 def llama_server(cpu_engine: EngineBuild, default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     binary = llama_server_binary(cpu_engine)
     if binary is None:
         pytest.skip("no llama-server in the engine's build tree (python bench/peers.py builds it)")
-    # the engine's attention kernel: flash attention alone moves this model's vectors by 1e-2
-    flash = {True: "on", False: "off", None: "auto"}[CpuBackend().engine_defaults().flash_attn]
-    port = free_port()
     log_path = tmp_path_factory.mktemp("llama-server") / "llama-server.log"
-    log = open(log_path, "wb")
-    args = [str(binary), "-m", str(default_model), "--host", "127.0.0.1", "--port", str(port), "--embedding",
-            "--pooling", "mean", "-fa", flash, "-c", "1024", "-np", "1", "-t", "2"]  # fmt: skip
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(proc, base, log_path)
+    args = ["-m", str(default_model), "--embedding", "--pooling", "mean", "-fa", FLASH, "-c", "1024", "-np", "1",
+            "-t", "2"]  # fmt: skip
+    with running_llama_server(binary, args, log_path) as base:
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 def test_equal_to_llama_servers_embedding(client: openai.OpenAI, llama_server: str) -> None:

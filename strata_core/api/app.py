@@ -14,7 +14,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
 
-from strata_core.api import completions, embeddings, messages, ollama, responses, tokenize
+from strata_core.api import completions, embeddings, messages, ollama, rerank, responses, tokenize
 from strata_core.api.openapi import COMMON_ERRORS, document
 from strata_core.api.pool import ModelPool
 from strata_core.api.service import engine_unavailable
@@ -25,6 +25,12 @@ log = logging.getLogger("strata.api")
 
 #: Codes of the HTTP errors Starlette raises itself (an unknown route, a wrong method).
 HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+
+
+def lora_adapters(entry: Any) -> list[dict[str, Any]]:
+    """The configured adapters of a pool entry, in id order."""
+    adapters = entry.spec.config.engine.lora
+    return [{"id": i, "name": a.label(), "path": a.path, "scale": a.scale} for i, a in enumerate(adapters)]
 
 
 def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
@@ -56,7 +62,7 @@ def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None =
     app.state.pool = pool
     app.state.server_config = config.server
     app.state.responses = responses.ResponseStore(config.responses.store_size)
-    for family in (completions, responses, messages, embeddings, tokenize, ollama):
+    for family in (completions, responses, messages, embeddings, rerank, tokenize, ollama):
         app.include_router(family.router)
 
     app.openapi = lambda: document(app)  # type: ignore[method-assign]
@@ -87,8 +93,16 @@ def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None =
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        data = [{"id": name, "object": "model", "created": 0, "owned_by": "strata"} for name in pool.names()]
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": "strata",
+                 **({"lora_adapters": adapters} if (adapters := lora_adapters(pool.entry(name))) else {})}
+                for name in pool.names()]  # fmt: skip
         return {"object": "list", "data": data}
+
+    @app.get("/lora-adapters")
+    async def get_lora_adapters(model: str | None = None) -> list[dict[str, Any]]:
+        """The model's LoRA adapters (llama-server's shape, with their names): ``id`` is what
+        a request's ``lora`` names, ``scale`` what a request without one gets."""
+        return lora_adapters(pool.entry(model))
 
     @app.get("/health", responses={503: {"description": "the engine is starting",
                                          "content": {"application/json": {"schema": {"type": "object"}}}}})  # fmt: skip

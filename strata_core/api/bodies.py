@@ -20,6 +20,7 @@ def usage_body(u: Usage) -> dict[str, Any]:
         "completion_tokens": u.completion,
         "total_tokens": u.prompt + u.completion,
         "prompt_tokens_details": {"cached_tokens": u.cached},
+        "completion_tokens_details": {"reasoning_tokens": u.reasoning},
     }
     if u.drafted:
         out["speculative"] = {"drafted_tokens": u.drafted, "accepted_tokens": u.accepted}

@@ -73,18 +73,19 @@ async def respond(
     """Run every choice of ``req`` (``n`` per prompt) and answer: a chat when ``shape``
     is given (``param`` is ``messages``), else a completion."""
     chat = isinstance(req, ChatRequest)
-    grammar, constraint = service.constrain(req, grammar)
+    grammar, constraint, grammar_param = service.constrain(req, grammar)
     seed = resolve_seed(req.seed)
     max_new = [service.check_lengths(p, req, param) for p in prompts]
     rid = bodies.new_id("chatcmpl" if chat else "cmpl")
     stops = req.stop_list()
+    think = await service.think_budget(req, shape)
     iters = []
     for pi, prompt in enumerate(prompts):
         echo = echoes[pi] if echoes else ""
         for j in range(req.n):
             opts = service.options(req, seed=seed_for_choice(seed, pi * req.n + j), max_tokens=max_new[pi],
-                                   grammar=grammar)  # fmt: skip
-            iters.append(service.start_choice(prompt, opts, stops, echo, shape))
+                                   grammar=grammar).replace(**think)  # fmt: skip
+            iters.append(service.start_choice(prompt, opts, stops, echo, shape, grammar_param))
     headers = {"x-strata-seed": str(seed)}
     timeout = service.config.server.request_timeout or None
     if req.stream:

@@ -15,9 +15,8 @@ from fastapi import APIRouter, Request
 from pydantic import Field, field_validator
 
 from strata_core.api import openapi
-from strata_core.api.service import Service, engine_unavailable, json_body, service_for, until_done
+from strata_core.api.service import Service, engine_work, json_body, service_for
 from strata_core.errors import ApiError
-from strata_core.reader import EngineUnavailable
 from strata_core.requests import Prompt, Strict, invalid, parse_request, token_ids
 
 router = APIRouter()
@@ -90,12 +89,7 @@ async def embeddings(request: Request) -> dict[str, Any]:
                        "does not say it was trained for that); leave dimensions out", param="dimensions",
                        code="unsupported_value")  # fmt: skip
     inputs = await token_inputs(service, req.input)
-    timeout = service.config.server.request_timeout or None
-    try:
-        vectors = await until_done(request, embed_all(service, inputs), timeout)
-    except EngineUnavailable as exc:
-        service.metrics.errors.inc()
-        raise engine_unavailable(exc) from None
+    vectors = await engine_work(request, service, embed_all(service, inputs))
     n = sum(map(len, inputs))
     service.metrics.embedded_inputs.inc(len(inputs))
     service.metrics.prompt_tokens.inc(n)

@@ -15,7 +15,14 @@ from strata_core import catalog
 from strata_core.api.service import Service
 from strata_core.backend import Backend
 from strata_core.build import EngineBuild, ensure_engine
-from strata_core.config import Config, ConfigError, EngineConfig, check_split, slots_for
+from strata_core.config import (
+    Config,
+    ConfigError,
+    EngineConfig,
+    check_cache_types,
+    check_split,
+    slots_for,
+)
 from strata_core.models import ALIASES, ResolvedModel, resolve_model
 from strata_core.plugins import load_registry, select_backend
 from strata_core.reader import EngineClient, EngineCommand, engine_command
@@ -39,6 +46,7 @@ def engine_for(cfg: Config, build_only: bool = False) -> tuple[Backend, EngineBu
     backend = select_backend(load_registry(), cfg.engine.backend, for_build=build_only)
     n_gpu_layers, flash_attn = offload(cfg.engine, backend)
     check_split(cfg.engine.split_mode, flash_attn, n_gpu_layers)
+    check_cache_types(cfg.engine.cache_type_k, cfg.engine.cache_type_v, flash_attn, cfg.engine.split_mode)
     return backend, ensure_engine(backend, cfg.engine.llama_cpp, log=lambda m: print(m, file=sys.stderr))
 
 
@@ -108,6 +116,8 @@ def model_spec(
         split_mode=e.split_mode,
         tensor_split=e.tensor_split,
         main_gpu=e.main_gpu,
+        cache_types=(e.cache_type_k, e.cache_type_v),
+        loras=[(str(Path(a.path).expanduser()), a.scale) for a in e.lora],
     )
     # One model served: the aliases clients send for "the model" ("default") name it, whatever
     # its file, as before several models could be served; [models.NAME] are named exactly.

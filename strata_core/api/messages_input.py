@@ -5,8 +5,8 @@ What is taken: ``system``, the ``messages`` (text, ``tool_use`` and ``tool_resul
 blocks; an earlier turn's ``thinking`` blocks are dropped, as Anthropic drops them from
 the context), ``max_tokens``, ``stop_sequences``, ``temperature`` / ``top_p`` / ``top_k``,
 custom ``tools`` and ``tool_choice``, ``thinking`` (the template's ``enable_thinking``;
-``budget_tokens`` is checked but not enforced: max_tokens bounds thinking and answer
-together), ``metadata``, ``stream``. ``cache_control`` marks are accepted: Strata reuses
+``budget_tokens`` bounds the thinking, as the chat's ``reasoning_budget``; max_tokens
+bounds thinking and answer together), ``metadata``, ``stream``. ``cache_control`` marks are accepted: Strata reuses
 cached prefixes on its own. Any other parameter is a 400 naming it.
 """
 
@@ -22,6 +22,7 @@ from strata_core.requests import (
     ChatRequest,
     Strict,
     TopP,
+    check_stop_lengths,
     drop_unset,
     invalid,
     parse_request,
@@ -172,6 +173,7 @@ class MessagesRequest(CountTokensRequest):
     def _stops(cls, value: list[str] | None) -> list[str] | None:
         if value is not None and not all(value):
             raise invalid("stop sequences must not be empty")
+        check_stop_lengths(value or [])
         return value
 
     @model_validator(mode="after")
@@ -193,6 +195,8 @@ class MessagesRequest(CountTokensRequest):
                 body[name] = getattr(self, name)
         if self.stop_sequences:
             body["stop"] = self.stop_sequences
+        if self.thinking is not None and self.thinking.type == "enabled":
+            body["reasoning_budget"] = self.thinking.budget_tokens
         return chat_request(self, body)
 
 

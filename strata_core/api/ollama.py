@@ -268,11 +268,12 @@ async def raw_run(service: Service, req: BaseRequest) -> ChatRun:
     """``raw``: the prompt's text as it is, no chat template."""
     service.ready()
     prompt = await service.tokenize(str(getattr(req, "prompt", "")))
-    grammar, constraint = service.constrain(req, None)
+    grammar, constraint, grammar_param = service.constrain(req, None, "format")
     seed = resolve_seed(req.seed)
     max_new = service.check_lengths(prompt, req, "prompt", "options.num_predict")
     opts = service.options(req, seed=seed, max_tokens=max_new, grammar=grammar)
-    return ChatRun(service.start_choice(prompt, opts, req.stop_list()), len(prompt), seed, constraint)
+    pieces = service.start_choice(prompt, opts, req.stop_list(), grammar_param=grammar_param)
+    return ChatRun(pieces, len(prompt), seed, constraint)
 
 
 # ---- embeddings --------------------------------------------------------------------------

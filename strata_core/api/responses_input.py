@@ -166,6 +166,11 @@ class TextConfig(Strict):
     verbosity: None = None
 
 
+#: ``reasoning.effort`` as a reasoning budget in tokens (``none`` turns thinking off;
+#: ``xhigh`` reasons until the model closes its reasoning itself).
+EFFORT_BUDGETS = {"minimal": 256, "low": 1024, "medium": 4096, "high": 16384}
+
+
 class ReasoningConfig(Strict):
     effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     summary: None = None  # no summaries are written: refused when asked for
@@ -242,6 +247,8 @@ class ResponsesRequest(Strict):
             body["response_format"] = self.text.format.response_format()
         if self.reasoning is not None and self.reasoning.effort is not None:
             body["chat_template_kwargs"] = {"enable_thinking": self.reasoning.effort != "none"}
+            if self.reasoning.effort in EFFORT_BUDGETS:
+                body["reasoning_budget"] = EFFORT_BUDGETS[self.reasoning.effort]
         return parse_request(ChatRequest, body)
 
 

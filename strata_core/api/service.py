@@ -6,6 +6,7 @@ turns its request into these calls and their pieces into its bodies."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
@@ -30,18 +31,22 @@ from strata_core.reader import (
     TokenEvent,
     Usage,
 )
-from strata_core.requests import BaseRequest, ChatRequest
+from strata_core.requests import BaseRequest, ChatRequest, Tool
 from strata_core.sampling import REQUEST_PARAMS, gen_options, max_new_tokens, resolve_seed
 from strata_core.text.chat import ChatTemplate, TemplateError
 from strata_core.text.choice import ChatShape, ChoiceText, Delta, carry
+from strata_core.text.constraints import request_constraint
 from strata_core.text.generic_tools import generic_grammar, generic_instruction, generic_messages
-from strata_core.text.grammars import grammar_error, llguidance_grammar
+from strata_core.text.grammars import grammar_error, json_schema_grammar, llguidance_grammar
 from strata_core.text.reasoning import prompt_opens_think
-from strata_core.text.structured import Constraint, constraint_for
+from strata_core.text.structured import Constraint
 from strata_core.text.tool_setup import ToolSetup
 from strata_core.text.tools import Dialect
 
 T = TypeVar("T")
+log = logging.getLogger("strata.api")
+#: What a spent reasoning budget makes the engine write: the marker, and the blank line
+#: that separates reasoning from answer in the thinking templates.
 
 
 async def service_for(request: Request, model: str | None) -> Service:
@@ -75,11 +80,44 @@ async def until_done(request: Request, work: Awaitable[T], timeout: float | None
     raise timed_out(timeout)
 
 
+async def engine_work(request: Request, service: Service, work: Awaitable[T]) -> T:
+    """``work`` (requests to the engine that are not GEN: EMBED) under the request timeout;
+    503 if the engine fails, counted."""
+    try:
+        return await until_done(request, work, service.config.server.request_timeout or None)
+    except EngineUnavailable as exc:
+        service.metrics.errors.inc()
+        raise engine_unavailable(exc) from None
+
+
 async def disconnected(request: Request) -> None:
     """Return when the client hangs up. The body has been read, so the server's next
     message is the disconnect."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+def check_parameters(tool: Tool) -> None:
+    """400 naming the tool when its ``parameters`` schema admits no value: checked alone,
+    since inside a call grammar its emptiness shows only once the call's text has begun."""
+    params = tool.function.parameters
+    if params is None:
+        return
+    try:
+        problem = grammar_error(json_schema_grammar(params, lenient=not tool.function.strict))
+    except ValueError as exc:
+        problem = str(exc)
+    if problem:
+        raise ApiError(400, f"the parameters of tool {tool.function.name!r} cannot be enforced: {problem}",
+                       param="tools", code="invalid_value")  # fmt: skip
+
+
+def grammar_refused(message: str, param: str | None) -> ApiError:
+    """The answer to an engine's ERR saying llguidance refused the request's grammar: the
+    caller's constraint, so a 400 (its short reason; the engine's log has the rest)."""
+    reason = message.removeprefix(proto.GRAMMAR_REFUSED).strip()
+    where = f"'{param}'" if param else "the request's constraint"
+    return ApiError(400, f"{where} cannot be enforced: {reason}", param=param, code="invalid_value")
 
 
 def engine_unavailable(why: object) -> ApiError:
@@ -110,6 +148,9 @@ class Service:
     metrics: Metrics = field(init=False)
     #: engine requests admitted (admission) and not sent yet
     admitting: int = field(default=0, init=False)
+    #: the closing marker a reasoning budget makes the engine write (tokenized once)
+    #: a closing reasoning marker's token ids, by its text
+    _think_close: dict[str, tuple[int, ...]] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.metrics = Metrics(
@@ -125,6 +166,11 @@ class Service:
         await self.engine.wait_ready()
         info = self.engine.info
         self.pieces = await self.engine.vocab()
+        kv = info.get("kv_cache")
+        if kv:
+            log.info("model %s: KV cache %s keys, %s values, %.1f MiB per slot (%d slots of %d tokens)",
+                     self.model_id, kv["type_k"], kv["type_v"], kv["bytes_per_slot"] / (1 << 20),
+                     self.slots, info["n_ctx"])  # fmt: skip
         source = self.chat_template or info.get("chat_template")
         if source:  # none: chat requests are refused (chat_prompt), completions still run
             self.template = ChatTemplate(source, bos_token=info.get("bos_text", ""), eos_token=info.get("eos_text", ""))
@@ -173,6 +219,17 @@ class Service:
             yield
         finally:
             self.admitting -= choices
+
+    def lora_scales(self, req: BaseRequest) -> dict[int, float]:
+        """A request's ``lora`` as adapter id -> scale; 400 for an adapter the model lacks."""
+        n = len(self.engine.info.get("lora") or [])
+        scales: dict[int, float] = {}
+        for entry in req.lora or ():
+            if entry.id >= n:
+                raise ApiError(400, f"lora names adapter {entry.id}, but this model has {n} (GET /lora-adapters "
+                               "lists them)", param="lora", code="invalid_value")  # fmt: skip
+            scales[entry.id] = entry.scale
+        return scales
 
     def check_token_ids(self, ids: list[int], param: str) -> None:
         bad = [t for t in ids if t >= self.n_vocab]
@@ -276,6 +333,8 @@ class Service:
                 param="tool_choice",
                 code="unsupported_value",
             )
+        for tool in req.forced_tools():
+            check_parameters(tool)
         tools = [t.template_view() for t in req.forced_tools()]
         parallel = req.parallel_tool_calls is not False
         if isinstance(setup, ToolSetup):
@@ -315,13 +374,35 @@ class Service:
             )
         return max_new if max_new is not None else n_ctx - n
 
-    def constrain(self, req: BaseRequest, grammar: str | None) -> tuple[str | None, Constraint | None]:
-        """The grammar option of a choice and its response_format's constraint: a forced tool
-        call's ``grammar`` goes first, else the response_format's."""
-        constraint = constraint_for(req.response_format)
-        if constraint is not None and grammar is None:
-            grammar = constraint.gen_value()
-        return grammar, constraint
+    def constrain(
+        self, req: BaseRequest, grammar: str | None, format_param: str = "response_format"
+    ) -> tuple[str | None, Constraint | None, str | None]:
+        """The grammar option of a choice, its JSON constraint (to reconcile the answer with)
+        and the parameter the grammar came from: a forced tool call's ``grammar`` (``tools``),
+        or the request's response_format (``format_param``), structured_outputs or grammar."""
+        asked = request_constraint(req, format_param)
+        if grammar is not None:
+            if asked is not None:
+                raise ApiError(400, f"the tool call this request forces and {asked.param} both constrain the "
+                               "reply; send one", param=asked.param, code="unsupported_value")  # fmt: skip
+            return grammar, None, "tools"
+        if asked is not None:
+            return asked.gen_value, asked.json, asked.param
+        return None, None, None
+
+    async def think_budget(self, req: BaseRequest, shape: ChatShape | None) -> dict[str, Any]:
+        """The GenOptions fields of a chat's ``reasoning_budget`` (none without one): the
+        budget, the closing marker's ids and whether the prompt opened the reasoning."""
+        budget = getattr(req, "reasoning_budget", None)
+        if budget is None or shape is None:
+            return {}
+        if "think_budget" not in self.engine.info.get("capabilities", ()):
+            raise ApiError(400, "this engine cannot bound reasoning (no 'think_budget' capability); leave "
+                           "reasoning_budget out", param="reasoning_budget", code="unsupported_value")  # fmt: skip
+        close = f"\n{shape.think[1]}\n\n"  # the family's closing marker (text/tool_formats.py)
+        if close not in self._think_close:
+            self._think_close[close] = tuple(await self.engine.tokenize(close, special=True))
+        return {"think_budget": budget, "think_close": self._think_close[close], "think_open": shape.thinking}
 
     async def start_chat(
         self, req: ChatRequest, param: str, limit_param: str, format_param: str = "response_format"
@@ -331,11 +412,12 @@ class Service:
         their names of the conversation, the token limit and the reply's format, for errors."""
         self.ready()
         prompt, shape = await self.chat_prompt(req)
-        grammar, constraint = self.constrain(req, self.tool_grammar(req, format_param))
+        grammar, constraint, grammar_param = self.constrain(req, self.tool_grammar(req, format_param), format_param)
         seed = resolve_seed(req.seed)
         max_new = self.check_lengths(prompt, req, param, limit_param)
         opts = self.options(req, seed=seed, max_tokens=max_new, grammar=grammar)
-        pieces = self.start_choice(prompt, opts, req.stop_list(), shape=shape)
+        opts = opts.replace(**await self.think_budget(req, shape))
+        pieces = self.start_choice(prompt, opts, req.stop_list(), shape=shape, grammar_param=grammar_param)
         return ChatRun(pieces, len(prompt), seed, constraint)
 
     # ---- one choice -----------------------------------------------------------------------
@@ -352,6 +434,8 @@ class Service:
             opts = opts.replace(spec=cfg.speculative.mode)
         if grammar is not None:
             opts = opts.replace(grammar=grammar)
+        if req.lora is not None:
+            opts = opts.replace(lora=self.lora_scales(req))
         if req.ignore_eos:  # an end-of-generation token's logit is -inf, as llama-server sets it
             eog = dict.fromkeys(self.engine.info.get("eog") or [], -math.inf)
             opts = opts.replace(sampling=replace(opts.sampling, bias={**opts.sampling.bias, **eog}))
@@ -369,21 +453,26 @@ class Service:
         stops: list[str],
         echo: str = "",
         shape: ChatShape | None = None,
+        grammar_param: str | None = None,
     ) -> AsyncIterator[Delta]:
         """Send GEN now (so an unavailable engine fails before the first byte); the choice's
         pieces as they come.
 
         ``echo``: text shown before the generated text (completions' ``echo``);
-        ``shape``: a chat reply's reasoning / tool-call split (None: plain text).
+        ``shape``: a chat reply's reasoning / tool-call split (None: plain text);
+        ``grammar_param``: the parameter the grammar came from, named if the engine refuses it.
         """
         try:
             stream = self.engine.generate(prompt, options)
         except EngineUnavailable as exc:
             raise engine_unavailable(exc) from None
         self.metrics.requests.inc()
-        return self._follow(stream, ChoiceText(self.pieces, stops, options.logprobs, shape), echo)
+        choice = ChoiceText(self.pieces, stops, options.logprobs, shape)
+        return self._follow(stream, choice, echo, grammar_param)
 
-    async def _follow(self, stream: RequestStream, choice: ChoiceText, echo: str) -> AsyncIterator[Delta]:
+    async def _follow(
+        self, stream: RequestStream, choice: ChoiceText, echo: str, grammar_param: str | None
+    ) -> AsyncIterator[Delta]:
         t0 = time.perf_counter()
         last = t0
         # entries released with no text (a stop, a think tag): sent with the next piece
@@ -410,15 +499,17 @@ class Service:
                     else:
                         carried = piece
                 if end is not None:
-                    yield self._last_piece(end, choice, carried)
+                    yield self._last_piece(end, choice, carried, grammar_param)
                     return
         finally:
             if not stream.finished:
                 self.engine.cancel(stream.rid)
 
-    def _last_piece(self, ev: Finished, choice: ChoiceText, carried: Delta) -> Delta:
+    def _last_piece(self, ev: Finished, choice: ChoiceText, carried: Delta, grammar_param: str | None) -> Delta:
         """The choice's last piece once the engine is done: the rest of its text, the
         finish reason and the usage."""
+        if ev.error is not None and ev.error.startswith(proto.GRAMMAR_REFUSED):
+            raise grammar_refused(ev.error, grammar_param)
         if ev.error is not None or ev.reason == "error":
             self.metrics.errors.inc()
             raise EngineUnavailable(ev.error or "the engine failed the request")
@@ -435,5 +526,6 @@ class Service:
         tail.stop_sequence = choice.stop_sequence
         if finish == "stop" and tail.tool_calls:
             finish = "tool_calls"
+        usage.reasoning = choice.reasoning_tokens
         tail.finish, tail.usage = finish, usage
         return tail

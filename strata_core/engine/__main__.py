@@ -22,11 +22,12 @@ from typing import Any
 from strata_core import protocol as proto
 
 CAPABILITIES = [
-    "logprobs", "logprobs_mode", "allowed", "bias", "penalties", "seed", "prefix_cache", "grammar",
+    "logprobs", "logprobs_mode", "allowed", "bias", "penalties", "seed", "prefix_cache", "grammar", "think_budget",
 ]  # fmt: skip
 """What READY lists: the GEN options (strata_core/options.py) this engine acts on, besides
 ``max_tokens``, ``stop_ids``, ``spec`` and ``isolate``; ``spec_draft`` is added when a draft
-model was loaded, ``embeddings`` (EMBED) unless the model is a ranker."""
+model was loaded, ``embeddings`` (EMBED) unless the model is a ranker, and then ``rerank``
+(EMBED answers its classification head's output)."""
 
 
 class Output:
@@ -78,7 +79,7 @@ def step_trace(path: str | None) -> Callable[[dict[str, Any]], None] | None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The engine's options; their defaults are the configuration's (config.py), so a
     default is written once."""
-    from strata_core.config import SPLIT_MODES, EngineConfig, SpeculativeConfig
+    from strata_core.config import CACHE_TYPES, SPLIT_MODES, EngineConfig, SpeculativeConfig
 
     eng, spec = EngineConfig(), SpeculativeConfig()
     ap = argparse.ArgumentParser(prog="python -m strata_core.engine")
@@ -92,6 +93,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--split-mode", choices=SPLIT_MODES, default=eng.split_mode, help="how the model spreads over GPUs")
     ap.add_argument("--tensor-split", type=_proportions, help="each GPU's share, e.g. 3,1")
+    ap.add_argument("--cache-type-k", choices=CACHE_TYPES, default=eng.cache_type_k, help="the KV cache's key type")
+    ap.add_argument("--cache-type-v", choices=CACHE_TYPES, default=eng.cache_type_v, help="the KV cache's value type")
+    ap.add_argument("--lora", action="append", default=[], help="a LoRA adapter GGUF (repeatable)")
+    ap.add_argument("--lora-scale", action="append", type=float, default=[],
+                    help="each --lora's default scale, in order (1.0 where left out)")  # fmt: skip
     ap.add_argument("--main-gpu", type=int, default=eng.main_gpu, help="the GPU for split mode none")
     ap.add_argument("--prompt-cache-mib", type=int, default=eng.prompt_cache_mib,
                     help="host memory for saved slot caches")  # fmt: skip
@@ -137,7 +143,7 @@ def load(args: argparse.Namespace) -> tuple[Any, Any]:
     # llama.py first: libllama's native libraries must load before numpy's. The other
     # order made model loading segfault with CUDA 13 and numpy 2.5 on an H200.
     from strata_core.engine.llama import Llama, ModelOptions, ll  # isort: skip
-    from strata_core.config import check_split, split_settings
+    from strata_core.config import check_cache_types, check_split, split_settings
     from strata_core.engine.speculation.drafter import DraftModel, check_shared_vocab
 
     if args.parallel == "auto":
@@ -146,14 +152,17 @@ def load(args: argparse.Namespace) -> tuple[Any, Any]:
     # The configuration's own rules, for an engine started by any client.
     split = split_settings(args.split_mode, args.tensor_split, args.main_gpu)
     check_split(split.split_mode, flash_attn, args.n_gpu_layers)
+    check_cache_types(args.cache_type_k, args.cache_type_v, flash_attn, split.split_mode)
+    loras = tuple((p, args.lora_scale[i] if i < len(args.lora_scale) else 1.0) for i, p in enumerate(args.lora))
     opts = ModelOptions(
         path=args.model, n_ctx=args.n_ctx, n_seq=args.parallel, n_batch=args.n_batch, threads=args.threads,
         n_gpu_layers=args.n_gpu_layers, flash_attn=flash_attn, split_mode=split.split_mode,
         tensor_split=tuple(split.tensor_split or ()), main_gpu=split.main_gpu,
+        cache_types=(args.cache_type_k, args.cache_type_v), loras=loras,
     )  # fmt: skip
     llama, drafter = Llama(opts), None
     if args.draft_model:
-        draft = Llama(dataclasses.replace(opts, path=args.draft_model))
+        draft = Llama(dataclasses.replace(opts, path=args.draft_model, loras=()))
         check_shared_vocab(llama, draft, args.draft_model)
         draft.warm_up()
         drafter = DraftModel(draft, args.spec_threshold)
@@ -191,8 +200,10 @@ def ready(args: argparse.Namespace, llama: Any, drafter: Any) -> proto.Ready:
             **({"parallel_fit": args.fit} if getattr(args, "fit", None) else {}),
             "n_batch": llama.n_batch,
             "split": llama.split,
+            "kv_cache": llama.kv_cache,
+            "lora": [{"id": i, "path": p, "scale": llama.lora_scales[i]} for i, p in enumerate(args.lora)],
             "capabilities": CAPABILITIES + (["spec_draft"] if drafter else [])
-            + (["embeddings"] if llama.pooling != "rank" else []),
+            + (["embeddings"] if llama.pooling != "rank" else ["rerank"]),
             **llama.facts(),
         }
     )

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from strata_core import protocol as proto
+from strata_core.engine.budget import ThinkBudget
 from strata_core.engine.emitter import Emit
 from strata_core.engine.grammar import Grammars
 from strata_core.engine.llama import Llama
@@ -87,11 +88,21 @@ class Commands:
             grammar = self.grammars.matcher(opts.grammar) if opts.grammar is not None else None
         except ValueError as exc:
             return fail(str(exc))
+        lora = None
+        if opts.lora:  # other adapter scales than the configured ones: decoded apart, no shared cache
+            if max(opts.lora) >= len(llama.lora_scales):
+                return fail(f"lora names adapter {max(opts.lora)}; this engine has {len(llama.lora_scales)}")
+            lora = tuple(opts.lora.get(i, 0.0) for i in range(len(llama.lora_scales)))
+            lora = None if lora == llama.lora_scales else lora
+        budget = None
+        if opts.think_budget is not None:  # forced tokens: no speculative windows for it
+            budget = ThinkBudget(opts.think_budget, opts.think_close, llama.piece, opts.think_open)
         self.engine.submit(
             Request(cmd.rid, prompt, opts.sampling, opts.max_tokens or llama.n_ctx, frozenset(opts.stop_ids) | self.eog,
                     opts.logprobs, logprobs_processed=opts.logprobs_mode == "processed", grammar=grammar,
-                    spec_k=self.spec_k if opts.spec != "off" else 0, spec_draft=opts.spec == "draft",
-                    isolate=opts.isolate)
+                    spec_k=self.spec_k if opts.spec != "off" and budget is None else 0,
+                    spec_draft=opts.spec == "draft", isolate=opts.isolate or lora is not None, budget=budget,
+                    lora=lora)
         )  # fmt: skip
 
     def embed(self, cmd: proto.Embed) -> None:

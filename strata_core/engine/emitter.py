@@ -41,6 +41,9 @@ class Emitter:
     def finish(self, slot: Slot, reason: str) -> None:
         assert slot.req is not None
         self.done(slot.req, reason)
+        if slot.req.lora is not None:  # KV of other adapters: no later prompt may reuse it
+            self.llama.seq_trim(slot.seq, 0)
+            slot.cached, slot.first = [], {}
         slot.clear()
 
     def fail(self, slot: Slot, message: str) -> None:
@@ -57,7 +60,7 @@ class Emitter:
             return True, None
         mask = req.grammar.mask()
         if mask is None:
-            self.fail(slot, f"grammar failed: {req.grammar.error}")
+            self.fail(slot, req.grammar.refusal())
             return False, None
         return True, mask
 
@@ -67,6 +70,8 @@ class Emitter:
         kept (``Slot.first``)."""
         req = slot.req
         assert req is not None
+        if req.budget is not None:
+            tok = req.budget.next(tok)
         position = len(slot.cached)
         if not req.generated and slot.first.get(position) is not row:
             slot.first.pop(position, None)

@@ -10,6 +10,7 @@ the tokens kept before it, and the first mismatch ends the window (scheduler._ve
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 
 import llguidance
@@ -17,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from strata_core import protocol as proto
-from strata_core.text.grammars import llguidance_grammar
+from strata_core.text.grammars import llguidance_grammar, short_error
 
 
 class GrammarMatcher:
@@ -30,6 +31,11 @@ class GrammarMatcher:
     @property
     def error(self) -> str:
         return self.matcher.get_error() if self.matcher.is_error() else ""
+
+    def refusal(self) -> str:
+        """The ERR message for a matcher in error: a short reason for the client; the whole
+        of llguidance's message (with its parser state) goes to the engine's log."""
+        return _refusal(self.error)
 
     @property
     def stopped(self) -> bool:
@@ -72,12 +78,13 @@ class Grammars:
             kind, text = proto.parse_grammar(value)
             grammar = llguidance_grammar(kind, text)
         except (proto.ProtocolError, ValueError) as exc:
-            raise ValueError(f"grammar is not valid: {exc}") from None
+            raise ValueError(_refusal(str(exc))) from None
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise ValueError(f"grammar is not valid: {_one_line(matcher.get_error())}")
+            raise ValueError(_refusal(matcher.get_error()))
         return GrammarMatcher(matcher, self.n_vocab)
 
 
-def _one_line(message: str) -> str:
-    return " ".join(message.split())
+def _refusal(message: str) -> str:
+    print(f"grammar refused: {message}", file=sys.stderr, flush=True)
+    return f"{proto.GRAMMAR_REFUSED} {short_error(message)}"

@@ -32,6 +32,16 @@ class ModelOptions:
     split_mode: Literal["none", "layer", "tensor"] = "layer"
     tensor_split: tuple[float, ...] = ()  # empty: by each GPU's free memory
     main_gpu: int = 0
+    cache_types: tuple[str, str] = ("f16", "f16")  # the KV cache's (keys, values), config.CACHE_TYPES
+    loras: tuple[tuple[str, float], ...] = ()  # LoRA adapters: (path, the scale requests get by default)
+
+
+#: Each KV cache type's enum ggml_type value (ggml.h; the bindings lack BF16) and the
+#: (bytes, elements) of one block (ggml's type traits).
+KV_TYPES = {
+    "f16": (1, 2, 1), "bf16": (30, 2, 1), "q8_0": (8, 34, 32), "q5_1": (7, 24, 32), "q5_0": (6, 22, 32),
+    "q4_1": (3, 20, 32), "q4_0": (2, 18, 32), "iq4_nl": (20, 18, 32),
+}  # fmt: skip
 
 
 #: llama.cpp's enum llama_pooling_type, by the names READY reports.
@@ -150,9 +160,11 @@ class Llama:
             cparams.flash_attn_type = (
                 ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
             )
+        cparams.type_k, cparams.type_v = (KV_TYPES[t][0] for t in opts.cache_types)
         ctx = ll.llama_init_from_model(model, cparams)
         if not ctx:
-            raise LlamaError("llama.cpp could not create a context (out of memory?)")
+            types = f" with cache types {'/'.join(opts.cache_types)}" if opts.cache_types != ("f16", "f16") else ""
+            raise LlamaError(f"llama.cpp could not create a context{types} (out of memory? the engine's log says why)")
         self.ctx = ctx
         self.mem = ll.llama_get_memory(ctx)
         self.n_ctx = int(ll.llama_n_ctx_seq(ctx))
@@ -166,6 +178,39 @@ class Llama:
         #: an input's most tokens: llama.cpp pools a sequence within one micro-batch
         self.embd_max_tokens = opts.n_batch
         self.pooling = self._own_pooling()
+        self._load_loras(opts.loras)
+        #: what READY reports of the KV cache: its types and its bytes per slot
+        self.kv_cache = {"type_k": opts.cache_types[0], "type_v": opts.cache_types[1],
+                         "bytes_per_slot": self._kv_bytes_per_slot(*opts.cache_types)}  # fmt: skip
+
+    # ---- LoRA adapters ----------------------------------------------------------------
+
+    def _load_loras(self, loras: tuple[tuple[str, float], ...]) -> None:
+        self._loras: list[Any] = []
+        for path, _ in loras:
+            adapter = ll.llama_adapter_lora_init(self.model, path.encode())
+            if not adapter:
+                raise LlamaError(f"llama.cpp could not load the LoRA adapter {path} (for this model? the engine's log says why)")
+            self._loras.append(adapter)
+        #: each adapter's default scale, what a request without its own scales gets
+        self.lora_scales = tuple(scale for _, scale in loras)
+        self._lora_now: tuple[float, ...] = ()  # the context has no adapters set yet
+        self.use_lora(None)
+
+    def use_lora(self, scales: tuple[float, ...] | None) -> None:
+        """Apply the adapters at ``scales`` (None: their default scales) to the decodes that
+        follow; llama.cpp applies adapters per context, so requests with other scales must
+        decode in calls of their own."""
+        scales = self.lora_scales if scales is None else scales
+        if scales == self._lora_now or not self._loras:
+            return
+        # an adapter at scale 0 is left out, so the graph is the base model's own
+        on = [(a, v) for a, v in zip(self._loras, scales, strict=True) if v != 0.0]
+        adapters = (ll.llama_adapter_lora_p_ctypes * max(len(on), 1))(*(a for a, _ in on))
+        values = (ctypes.c_float * max(len(on), 1))(*(v for _, v in on))
+        if ll.llama_set_adapters_lora(self.ctx, adapters, len(on), values) != 0:
+            raise LlamaError(f"llama.cpp could not set the LoRA scales {scales}")
+        self._lora_now = scales
 
     # ---- decoding -----------------------------------------------------------------
 
@@ -240,6 +285,22 @@ class Llama:
         n = ll.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
+    def _kv_bytes_per_slot(self, type_k: str, type_v: str) -> int:
+        """One slot's KV cache in bytes: every layer's keys and values for n_ctx tokens (the
+        model's head sizes from its GGUF, else n_embd / n_head), rows stored in ``type_*``."""
+        arch = self._meta("general.architecture") or ""
+        n_head = int(ll.llama_model_n_head(self.model)) or 1
+        n_head_kv = int(ll.llama_model_n_head_kv(self.model))
+        default = int(ll.llama_model_n_embd(self.model)) // n_head
+
+        def row(kind: str, kv_type: str) -> int:
+            size = self._meta(f"{arch}.attention.{kind}_length")
+            n = n_head_kv * (int(size) if size and size.isdigit() else default)
+            _, block_bytes, block = KV_TYPES[kv_type]
+            return -(-n // block) * block_bytes
+
+        return int(ll.llama_model_n_layer(self.model)) * self.n_ctx * (row("key", type_k) + row("value", type_v))
+
     def _own_pooling(self) -> str:
         """The pooling the model's GGUF names (embedding models carry one), else mean: a
         generative model names none, and per-token vectors are no answer to /v1/embeddings."""
@@ -267,9 +328,9 @@ class Llama:
         return ctx
 
     def embed(self, ids: list[int]) -> npt.NDArray[np.float32]:
-        """The pooled, unnormalised embedding of one input (at most ``embd_max_tokens``)."""
-        if self.pooling == "rank":
-            raise LlamaError("this model ranks (pooling rank); it has no embeddings")
+        """The pooled, unnormalised embedding of one input (at most ``embd_max_tokens``);
+        for a ranker (pooling rank), its classification head's output, whose first value is
+        the input's relevance score (llama-server's rule)."""
         if not 0 < len(ids) <= self.embd_max_tokens:
             raise LlamaError(f"an input holds 1..{self.embd_max_tokens} tokens, not {len(ids)}")
         if self._embd_ctx is None:
@@ -286,7 +347,8 @@ class Llama:
             ptr = ll.llama_get_embeddings_seq(ctx, 0)
             if not ptr:
                 raise LlamaError("llama.cpp returned no embedding")
-            return np.ctypeslib.as_array(ptr, shape=(self.n_embd,)).copy()
+            width = int(ll.llama_model_n_cls_out(self.model)) if self.pooling == "rank" else self.n_embd
+            return np.ctypeslib.as_array(ptr, shape=(width,)).copy()
         finally:
             ll.llama_memory_clear(mem, True)  # each input alone, from position 0
 
@@ -329,6 +391,7 @@ class Llama:
             return t if t >= 0 else None
 
         tmpl = ll.llama_model_chat_template(self.model, None)
+        rerank = ll.llama_model_chat_template(self.model, b"rerank") if self.pooling == "rank" else None
         eog = [t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(v, t)]
         bos, eos = tok(ll.llama_vocab_bos), tok(ll.llama_vocab_eos)
         return {
@@ -347,5 +410,8 @@ class Llama:
             "add_bos": bool(ll.llama_vocab_get_add_bos(v)),
             "add_eos": bool(ll.llama_vocab_get_add_eos(v)),
             "chat_template": tmpl.decode("utf-8", "replace") if tmpl else None,
+            "sep": tok(ll.llama_vocab_sep),
+            "add_sep": bool(ll.llama_vocab_get_add_sep(v)),
+            "rerank_template": rerank.decode("utf-8", "replace") if rerank else None,
             "system_info": ll.llama_print_system_info().decode("utf-8", "replace").strip(),
         }

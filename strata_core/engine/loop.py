@@ -102,17 +102,19 @@ class Engine:
         chunks, firsts = sched.prefill(budget, decoding)
         self._prefill(chunks, firsts)
         for chunk in sched.isolated(self.runner.capacity, decoding):
-            self._prefill([chunk], [])
+            self._prefill([chunk], [], self._lora(self.slots[chunk.seq]))
         self._t_step = t_step
         for group in sched.groups(decoding):
             self._decode_rows(group, windows)
         if not self.busy:  # nothing runs next: the step ends here, not at the next one
             self._timed(time.perf_counter())
 
-    def _prefill(self, chunks: list[Any], firsts: list[Slot]) -> None:
-        """Decode prompt chunks and sample the first tokens their last rows give."""
+    def _prefill(self, chunks: list[Any], firsts: list[Slot], lora: tuple[float, ...] | None = None) -> None:
+        """Decode prompt chunks (under the LoRA scales ``lora``, None: the configured ones)
+        and sample the first tokens their last rows give."""
         if not chunks:
             return
+        self.llama.use_lora(lora)
         logits, rows, secs = self.runner.prefill(chunks)
         self.scheduler.learn_prefill(rows, secs)
         if (record := self._step) is not None and rows:
@@ -157,9 +159,14 @@ class Engine:
 
     def emit_row(self, slot: Slot, row: np.ndarray, out: Sampled, i: int, mask: np.ndarray | None) -> int | None:
         if i in out.errors:  # nothing permitted: this request's problem, not the batch's
-            self.emitter.fail(slot, out.errors[i])
+            grammar = mask is not None  # the grammar's mask left nothing: the caller's constraint
+            self.emitter.fail(slot, f"{proto.GRAMMAR_REFUSED} {out.errors[i]}" if grammar else out.errors[i])
             return None
         return self.emitter.accept(slot, row, int(out.tokens[i]), mask)
+
+    @staticmethod
+    def _lora(slot: Slot) -> tuple[float, ...] | None:
+        return slot.req.lora if slot.req is not None else None
 
     def _observe(self, req: Request, token: int) -> None:
         self.spec.observe(req, token)
@@ -186,6 +193,7 @@ class Engine:
         rows = [Rows(s.seq, [s.last, *drafts.get(s.seq, Proposal()).offered], len(s.cached))  # type: ignore[list-item]
                 for s in group]  # fmt: skip
         fill = self.runner.gaps(self.slots, group, {s.seq: windows.rows(s) for s in group})
+        self.llama.use_lora(self._lora(group[0]))  # a group shares its adapters: the scheduler's groups
         decoded = self.runner.decode(rows, fill)
         # On a GPU the step is still computing: index the last tokens meanwhile.
         self.spec.index(group)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from strata_core.engine.budget import ThinkBudget
 from strata_core.engine.grammar import GrammarMatcher
 from strata_core.engine.sampler import SamplingParams
 from strata_core.engine.speculation.cost import Acceptance, Shadow
@@ -31,6 +32,10 @@ class Request:
     #: what else runs (exact seeded replay on backends whose kernels follow batch shape)
     isolate: bool = False
     grammar: GrammarMatcher | None = None  # constrained decoding: the mask before each sample
+    budget: ThinkBudget | None = None  # a reasoning budget: the closing marker once it is spent
+    #: LoRA scales of its own (None: the configured ones); such a request is isolated, and
+    #: its slot's cache, computed under them, is dropped when it ends
+    lora: tuple[float, ...] | None = None
     drafted: int = 0
     accepted: int = 0
     acceptance: Acceptance = field(default_factory=Acceptance)  # of n-gram drafts, real or shadow

@@ -51,6 +51,7 @@ class EngineProcess:
         draft_model: Path | None = None, spec_threshold: float = SpeculativeConfig().threshold,
         flash_attn: bool | None = None, spec_adaptive: bool = SpeculativeConfig().adaptive,
         prompt_cache_mib: int = EngineConfig().prompt_cache_mib,
+        cache_types: tuple[str, str] = ("f16", "f16"),
     ) -> None:  # fmt: skip
         d = backend.engine_defaults()
         flash_attn = d.flash_attn if flash_attn is None else flash_attn
@@ -59,7 +60,7 @@ class EngineProcess:
             parallel=parallel, n_batch=256, threads=load_config().engine.threads, n_gpu_layers=d.n_gpu_layers,
             flash_attn=flash_attn, backend=backend.name,
             draft_model=str(draft_model) if draft_model else None, spec_threshold=spec_threshold,
-            spec_adaptive=spec_adaptive, prompt_cache_mib=prompt_cache_mib,
+            spec_adaptive=spec_adaptive, prompt_cache_mib=prompt_cache_mib, cache_types=cache_types,
         )  # fmt: skip
         self.proc = subprocess.Popen(
             list(cmd.argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

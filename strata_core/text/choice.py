@@ -96,6 +96,8 @@ class ChoiceText:
         self._spans: dict[str, Span] = {}  # "reasoning" / "content", opened at their start
         self._released = 0  # characters of the text shown so far
         self.stopped = False
+        #: tokens pushed while the reasoning was open (the think tags' own included)
+        self.reasoning_tokens = 0
 
     @property
     def tool_calls(self) -> list[ToolCall] | None:
@@ -113,7 +115,11 @@ class ChoiceText:
         else:
             text = "".join(self._aligner.add(ev.id, ev.logprob) for ev in events)
         safe, self.stopped = self._matcher.push(text)
-        return self._release(safe, last=self.stopped)
+        open_before = self._think is not None and self._think.reasoning_end is None
+        out = self._release(safe, last=self.stopped)
+        if open_before and self._think is not None and self._think.thinking:
+            self.reasoning_tokens += len(events)
+        return out
 
     def end(self) -> Delta:
         """The engine is done: the rest of the reply and of the entries."""

@@ -5,9 +5,11 @@ engine (which compiles the GEN value into its matcher, engine/grammar.py).
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import llguidance
+from llguidance._tokenizer import TokenizerWrapper
 
 from strata_core import protocol as proto
 
@@ -39,6 +41,45 @@ def llguidance_grammar(kind: str, text: str) -> str:
     return text  # "llguidance": already one
 
 
+class _Bytes:
+    """A vocabulary of the 256 bytes and an end token: enough to compile a grammar and
+    compute its first mask without the model's tokenizer (which only the engine has)."""
+
+    eos_token_id = 256
+    bos_token_id = None
+    tokens = [bytes([b]) for b in range(256)] + [b"\xff<eos>"]
+    special_token_ids = [256]
+
+    def __call__(self, text: bytes | str) -> list[int]:
+        return list(text if isinstance(text, bytes) else text.encode())
+
+
+@cache
+def _byte_tokenizer() -> llguidance.LLTokenizer:
+    return llguidance.LLTokenizer(TokenizerWrapper(_Bytes()))
+
+
+#: Longest reason from llguidance passed on to a client.
+_REASON_CHARS = 300
+
+
+def short_error(message: str) -> str:
+    """llguidance's error on one line, without the parser state it may append, in words
+    where it has none a client could read."""
+    reason = " ".join(message.split("<state>")[0].split()) or "refused"
+    if reason == "NoExtensionBias":
+        return "it admits no output at all (for example a schema whose every value must contain itself)"
+    return reason[:_REASON_CHARS]
+
+
 def grammar_error(grammar: str) -> str:
-    """Why llguidance refuses ``grammar`` without a tokenizer, or ``""`` when it accepts it."""
-    return llguidance.LLMatcher.validate_grammar(grammar)
+    """Why ``grammar`` cannot be enforced, or ``""``: llguidance compiles it over a byte
+    vocabulary and computes its first mask, which finds a grammar that admits nothing
+    (a ``$ref`` that only refers to itself compiles, and then no token may start it)."""
+    error = llguidance.LLMatcher.validate_grammar(grammar)
+    if error:
+        return short_error(error)
+    matcher = llguidance.LLMatcher(_byte_tokenizer(), grammar, log_level=0)
+    if not matcher.is_error():
+        matcher.compute_bitmask()
+    return short_error(matcher.get_error()) if matcher.is_error() else ""

@@ -7,7 +7,9 @@ what came back against the schema (jsonschema).
 ``json_object`` constrains to any JSON object. ``json_schema`` constrains to its schema;
 ``strict: true`` refuses a schema that uses a keyword llguidance cannot enforce, while
 non-strict ignores such keywords (the answer is still validated afterwards). A schema that
-is not a valid JSON schema, or that llguidance refuses, is a 400 naming ``response_format``.
+is not a valid JSON schema, that llguidance refuses, or that admits no value at all (its
+grammar compiled and its first mask computed here: grammars.grammar_error), is a 400
+naming ``response_format``, decided before anything reaches the engine.
 
 Reconciliation (``reconcile``), after generation, with the answer as the model wrote it:
 
@@ -88,7 +90,8 @@ def constraint_for(fmt: ResponseFormat | None) -> Constraint | None:
         raise _bad_schema(str(exc)) from None
     error = grammar_error(grammar)
     if error:
-        raise _bad_schema(" ".join(error.split()) + " (with strict false, unsupported keywords are ignored)")
+        hint = " (with strict false, unsupported keywords are ignored)" if fmt.json_schema.strict else ""
+        raise _bad_schema(" ".join(error.split()) + hint)
     return Constraint(schema, grammar)
 
 
