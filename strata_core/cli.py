@@ -87,6 +87,7 @@ def _config(args: argparse.Namespace) -> Config:
             "model": getattr(args, "model", None),
             "parallel": getattr(args, "parallel", None),
             "n_ctx": getattr(args, "n_ctx", None),
+            "mmproj": getattr(args, "mmproj", None),
         },
         "server": {"host": getattr(args, "host", None), "port": getattr(args, "port", None)},
         "cluster": {"replicas": getattr(args, "replicas", None)},
@@ -266,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parallel", type=int, help="parallel slots")
     p.add_argument("--n-ctx", type=int, help="context per slot")
     p.add_argument("--draft-model", help='speculate with this draft GGUF (sets [speculative] mode = "draft")')
+    p.add_argument("--mmproj", help="the model's multimodal projector GGUF: it takes images (and audio)")
     p.add_argument("--replicas", type=int,
                    help="serve through this many Ray Serve replicas, one engine each (needs "
                         "strata[ray]; sets [cluster] replicas)")  # fmt: skip

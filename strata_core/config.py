@@ -56,6 +56,15 @@ class ServerConfig(_Section):
     max_queued: int = Field(default=256, ge=0)
     #: Seconds one request may run before it is cancelled and answered 504; 0: no limit.
     request_timeout: float = Field(default=600.0, ge=0)
+    #: Most media items (images, audio clips) one request may carry.
+    max_media_per_request: int = Field(default=8, ge=0)
+    #: Whether image and audio parts may name an http(s) URL the server fetches; off, only
+    #: data URLs (base64) are taken.
+    fetch_media: bool = False
+    #: Largest media item fetched from a URL, in bytes.
+    fetch_media_max_bytes: int = Field(default=20 << 20, ge=1024)
+    #: Seconds a media fetch may take, redirects included.
+    fetch_media_timeout: float = Field(default=10.0, gt=0)
 
 
 class EngineConfig(_Section):
@@ -83,6 +92,9 @@ class EngineConfig(_Section):
     #: Use this llama-cpp-python instead of building one: a directory holding the
     #: ``llama_cpp`` package, or a wheel file.
     llama_cpp: str | None = None
+    #: The model's multimodal projector (an ``mmproj`` GGUF, llama-server's ``--mmproj``):
+    #: with it the model takes images (and audio, where the projector encodes it).
+    mmproj: str | None = None
 
     @field_validator("split_mode", mode="before")
     @classmethod
@@ -185,6 +197,7 @@ class ModelConfig(_Section):
     parallel: int | None = Field(default=None, ge=1, le=256)
     n_ctx: int | None = Field(default=None, ge=64, le=1 << 20)
     threads: int | None = Field(default=None, ge=1, le=1024)
+    mmproj: str | None = None  # its multimodal projector GGUF ([engine] mmproj)
     speculative: SpeculativeConfig | None = None
     #: false: the engine starts on the model's first request instead of with the server.
     preload: bool = True
@@ -252,7 +265,7 @@ class Config(_Section):
         (and over [speculative] when it has its own)."""
         m = self.models[name]
         engine = {"model": m.path, "backend": m.backend, "parallel": m.parallel, "n_ctx": m.n_ctx,
-                  "threads": m.threads}  # fmt: skip
+                  "threads": m.threads, "mmproj": m.mmproj}  # fmt: skip
         update = {k: v for k, v in engine.items() if v is not None}
         out = self.model_copy(update={"engine": self.engine.model_copy(update=update), "models": {}})
         if m.speculative is not None:

@@ -42,15 +42,24 @@ def default_model_path() -> Path:
 def resolve_model(name: str) -> ResolvedModel:
     if name.lower() in ALIASES:
         return ResolvedModel(DEFAULT_ALIAS, default_model_path())
+    path = _gguf_file(name, "model", f" (and not an alias: {', '.join(sorted(ALIASES))})")
+    return ResolvedModel(Path(name).expanduser().stem, path)
+
+
+def mmproj_path(name: str) -> Path:
+    """A multimodal projector's GGUF file (``[engine] mmproj``), checked to be one."""
+    return _gguf_file(name, "mmproj")
+
+
+def _gguf_file(name: str, what: str, hint: str = "") -> Path:
     path = Path(name).expanduser()
     try:
         with open(path, "rb") as fh:
             magic = fh.read(4)
     except FileNotFoundError:
-        known = ", ".join(sorted(ALIASES))
-        raise ModelError(f"model {name!r}: no such file (and not an alias: {known})") from None
+        raise ModelError(f"{what} {name!r}: no such file{hint}") from None
     except OSError as exc:
-        raise ModelError(f"model {name!r}: cannot read {path}: {exc.strerror}") from None
+        raise ModelError(f"{what} {name!r}: cannot read {path}: {exc.strerror}") from None
     if magic != GGUF_MAGIC:
-        raise ModelError(f"model {name!r}: {path} is not a GGUF file (magic {magic!r})")
-    return ResolvedModel(path.stem, path.resolve())
+        raise ModelError(f"{what} {name!r}: {path} is not a GGUF file (magic {magic!r})")
+    return path.resolve()

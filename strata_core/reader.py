@@ -413,6 +413,7 @@ def engine_command(
     split_mode: str = EngineConfig().split_mode,
     tensor_split: Sequence[float] | None = None,
     main_gpu: int = EngineConfig().main_gpu,
+    mmproj: str | None = None,
 ) -> EngineCommand:
     """The argv and environment that run the engine on a backend's build at ``site``
     (what is not given: the configuration's defaults)."""
@@ -430,6 +431,8 @@ def engine_command(
     argv += ["--split-mode", split_mode, "--main-gpu", str(main_gpu)]
     if tensor_split:
         argv += ["--tensor-split", ",".join(repr(float(x)) for x in tensor_split)]
+    if mmproj:
+        argv += ["--mmproj", mmproj]
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     path = os.pathsep.join(p for p in (site, here, os.environ.get("PYTHONPATH", "")) if p)
     full_env = dict(env)

@@ -14,7 +14,7 @@ from strata_core.api.service import Service
 from strata_core.backend import Backend
 from strata_core.build import EngineBuild, ensure_engine
 from strata_core.config import Config, EngineConfig, check_split
-from strata_core.models import ALIASES, resolve_model
+from strata_core.models import ALIASES, mmproj_path, resolve_model
 from strata_core.plugins import load_registry, select_backend
 from strata_core.reader import EngineClient, EngineCommand, engine_command
 
@@ -95,6 +95,7 @@ def model_spec(cfg: Config, name: str | None, log_path: Path | None, preload: bo
         split_mode=e.split_mode,
         tensor_split=e.tensor_split,
         main_gpu=e.main_gpu,
+        mmproj=str(mmproj_path(e.mmproj)) if e.mmproj else None,
     )
     # One model served: the aliases clients send for "the model" ("default") name it, whatever
     # its file, as before several models could be served; [models.NAME] are named exactly.

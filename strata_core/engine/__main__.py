@@ -99,6 +99,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--spec-fixed", action="store_true", default=not spec.adaptive,
                     help="n-gram windows at every match, not only where they pay")  # fmt: skip
     ap.add_argument("--draft-model", help="a GGUF sharing the model's vocabulary, for spec=draft")
+    ap.add_argument("--mmproj", help="the model's multimodal projector GGUF (images, audio)")
     ap.add_argument("--spec-threshold", type=float, default=spec.threshold, help="the draft model's confidence gate")
     return ap.parse_args(argv)
 
@@ -120,6 +121,41 @@ def stdin_reader(q: queue.Queue[Any], answer_now: Callable[[Any], bool]) -> None
         if not answer_now(cmd):
             q.put(cmd)
     q.put(proto.Quit())
+
+
+def media_tokens(cmd: proto.MediaTokenize, projector: Any) -> proto.Event:
+    """The answer to MTOKENIZE: the prompt's ids and media spans, or why not."""
+    if projector is None:
+        return proto.Error(cmd.rid, "this model has no projector (start the engine with --mmproj): it takes text only")
+    from strata_core.engine.media import MediaError
+
+    try:
+        ids, spans = projector.tokenize(list(cmd.parts))
+    except MediaError as exc:
+        return proto.Error(cmd.rid, str(exc))
+    return proto.MediaTokens(cmd.rid, tuple(ids), tuple(spans))
+
+
+def place_media(prompt: list[int], spans: tuple[proto.MediaSpan, ...], projector: Any) -> dict[int, Any]:
+    """Write each media span's placeholder into ``prompt`` (in place); the media items by
+    placeholder, for the scheduler. Raises ValueError for spans the prompt cannot hold."""
+    from strata_core.engine.media import placeholder
+
+    if projector is None:
+        raise ValueError("this model has no projector (start the engine with --mmproj): it takes text only")
+    items: dict[int, Any] = {}
+    end = 0
+    for sp in spans:
+        item = projector.take(sp.key)
+        if item is None:
+            raise ValueError(f"media item {sp.key} is not known here (send MTOKENIZE first, or again)")
+        if sp.n != item.n or sp.pos < end or sp.pos + sp.n >= len(prompt):
+            raise ValueError(f"media item {sp.key} cannot sit at {sp.pos}+{sp.n} (it takes {item.n} "
+                             "positions, in order, before the prompt's last token)")  # fmt: skip
+        prompt[sp.pos : sp.pos + sp.n] = [placeholder(sp.key)] * sp.n
+        items[placeholder(sp.key)] = item
+        end = sp.pos + sp.n
+    return items
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
             draft.warm_up()
             drafter = DraftModel(draft, args.spec_threshold)
         llama.warm_up()
+        projector = None
+        if args.mmproj:
+            from strata_core.engine.media import Projector
+
+            projector = Projector(args.mmproj, llama, args.threads or len(os.sched_getaffinity(0)))
     except Exception as exc:
         out.emit(proto.Error(None, f"engine failed to start: {exc}"))
         out.flush()
@@ -183,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                 "split": llama.split,
                 "capabilities": CAPABILITIES + (["spec_draft"] if drafter else [])
                 + (["embeddings"] if llama.pooling != "rank" else []),
+                "inputs": projector.inputs if projector else ["text"],
                 **facts,
             }
         )
@@ -200,10 +242,12 @@ def main(argv: list[str] | None = None) -> int:
             out.emit(proto.Error(cmd.rid, msg))
             out.emit(proto.Done(cmd.rid, "error", {}))
 
-        for key in GenOptions.unknown(cmd.keys):
+        for key in GenOptions.unknown({k: v for k, v in cmd.keys.items() if k != "media"}):
             if key not in warned:
                 warned.add(key)
                 out.emit(proto.Warn(cmd.rid, f"unknown key {key}"))
+        keys = dict(cmd.keys)
+        media_field = keys.pop("media", None)
         prompt = list(cmd.prompt)
         if not prompt:
             return fail("empty prompt")
@@ -212,8 +256,14 @@ def main(argv: list[str] | None = None) -> int:
         bad = [t for t in prompt if t >= llama.n_vocab]
         if bad:
             return fail(f"prompt token {bad[0]} is outside the vocabulary (n_vocab {llama.n_vocab})")
+        media = {}
+        if media_field is not None:
+            try:
+                media = place_media(prompt, proto.parse_spans(media_field), projector)
+            except (ValueError, proto.ProtocolError) as exc:
+                return fail(str(exc))
         try:
-            opts = GenOptions.decode(cmd.keys)
+            opts = GenOptions.decode(keys)
             opts.check(llama.n_vocab)
             if opts.spec == "draft" and drafter is None:
                 raise ValueError("spec=draft needs a draft model: start the engine with --draft-model PATH")
@@ -223,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         sched.submit(
             Request(cmd.rid, prompt, opts.sampling, opts.max_tokens or llama.n_ctx, frozenset(opts.stop_ids) | eog,
                     opts.logprobs, logprobs_processed=opts.logprobs_mode == "processed", grammar=grammar,
-                    spec_k=args.spec_k if opts.spec != "off" else 0, spec_draft=opts.spec == "draft",
-                    isolate=opts.isolate)
+                    spec_k=args.spec_k if opts.spec != "off" and not media else 0,
+                    spec_draft=opts.spec == "draft" and not media, isolate=opts.isolate, media=media)
         )  # fmt: skip
 
     def embed(cmd: proto.Embed) -> None:
@@ -265,7 +315,11 @@ def main(argv: list[str] | None = None) -> int:
     def answer_now(cmd: Any) -> bool:
         """TOKENIZE is answered by the reader thread at once, even while a step decodes:
         it reads only the vocabulary, and a new request's prompt must not wait behind the
-        prefill of the one before it."""
+        prefill of the one before it. So is MTOKENIZE (media decoded and preprocessed by
+        mtmd, as llama-server does on its HTTP threads)."""
+        if isinstance(cmd, proto.MediaTokenize):
+            out.write_now(media_tokens(cmd, projector))
+            return True
         if not isinstance(cmd, proto.Tokenize):
             return False
         ids = llama.tokenize(cmd.text.encode("utf-8"), False, cmd.special)

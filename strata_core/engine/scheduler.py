@@ -37,6 +37,7 @@ from strata_core.engine.adaptive import (
 from strata_core.engine.drafter import DraftJob, DraftModel
 from strata_core.engine.grammar import GrammarMatcher
 from strata_core.engine.llama import Batch, Llama
+from strata_core.engine.media_runs import MediaItem, decode_media_ahead, media_boundary, text_ahead
 from strata_core.engine.prompt_cache import SavedPrompts
 from strata_core.engine.sampler import (
     SamplingParams,
@@ -68,6 +69,7 @@ class Request:
     #: what else runs (exact seeded replay on backends whose kernels follow batch shape)
     isolate: bool = False
     grammar: GrammarMatcher | None = None  # constrained decoding: the mask before each sample
+    media: dict[int, MediaItem] = field(default_factory=dict)  # the prompt's media items, by placeholder
     drafted: int = 0
     accepted: int = 0
     acceptance: Acceptance = field(default_factory=Acceptance)  # of n-gram drafts, real or shadow
@@ -262,7 +264,7 @@ class Scheduler:
         # when this prompt gave a request its first token on this cache before (nothing
         # to compute), else from the prompt's last chunk, which computes that token too.
         whole = not req.isolate and have >= len(prompt) and len(prompt) in slot.first
-        keep = len(prompt) if whole else min(have, len(prompt) - 1)
+        keep = media_boundary(prompt, len(prompt) if whole else min(have, len(prompt) - 1), req.media)
         self.llama.seq_trim(slot.seq, keep)
         slot.cached = slot.cached[:keep]
         slot.first = {n: row for n, row in slot.first.items() if n <= keep}
@@ -326,6 +328,13 @@ class Scheduler:
         t_step = time.perf_counter()
         self._timed(t_step)
         self._admit()
+        for slot in self.slots:  # media items next in a prompt: encoded and decoded on their own
+            if slot.req is not None and slot.req.media:
+                try:
+                    decode_media_ahead(self.llama, slot.seq, slot.cached, slot.pending, slot.req.media)
+                except Exception as exc:  # this request's media, not the step's other requests
+                    traceback.print_exc()
+                    self._fail(slot, f"the media item could not be encoded: {exc}")
         batch = self.batch
         decoding = [s for s in self.slots if s.req is not None and s.last is not None and not s.pending]
         # No windows while a request waits for its first token: its first row shares the
@@ -393,7 +402,7 @@ class Scheduler:
         A slot whose prompt is then all in adds its last token too, with logits, where
         ``from_prefill`` collects it (with its row) and there is room: its first token is
         sampled from this decode. Otherwise it joins ``decoding``: its last token decodes next."""
-        chunk = slot.pending[:most]
+        chunk = slot.pending[: text_ahead(slot.pending, most)]
         self.batch.add(chunk, len(slot.cached), slot.seq, "none")
         slot.cached.extend(chunk)
         del slot.pending[: len(chunk)]
@@ -446,7 +455,7 @@ class Scheduler:
         members = [*group, *(self.slots[seq] for seq in fill)]
         for slot in sorted(members, key=lambda s: s.seq):  # consecutive sequences go together
             if slot.seq in fill:  # rows that only keep the batch one micro-batch: computed, then dropped
-                token = slot.last if slot.last is not None else (slot.cached or [0])[-1]
+                token = slot.last if slot.last is not None else max(0, (slot.cached or [0])[-1])
                 batch.add([token] * fill[slot.seq], len(slot.cached), slot.seq, "none")
                 layout.append((slot.seq, fill[slot.seq]))
                 continue
