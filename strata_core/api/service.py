@@ -17,6 +17,7 @@ from fastapi import Request
 
 from strata_core import protocol as proto
 from strata_core.api.limits import queue_full, read_json
+from strata_core.api.media import check_media, media_marker, media_prompt
 from strata_core.api.metrics import Metrics
 from strata_core.api.stream import timed_out
 from strata_core.config import Config
@@ -134,6 +135,11 @@ class Service:
         return int(self.engine.info["n_ctx"])
 
     @property
+    def inputs(self) -> list[str]:
+        """What the model takes: text, and image or audio when its projector encodes them."""
+        return list(self.engine.info.get("inputs") or ["text"])
+
+    @property
     def n_vocab(self) -> int:
         return int(self.engine.info["n_vocab"])
 
@@ -206,7 +212,11 @@ class Service:
             )
         mode = req.tool_mode()
         tools = None if mode == "none" else [t.template_view() for t in req.tools or ()]
-        messages = [m.template_view() for m in req.messages]
+        media = req.media()
+        if media:
+            check_media(media, self.inputs, self.config.server)
+        marker = media_marker() if media else None
+        messages = [m.template_view(marker) for m in req.messages]
         if dialect is Dialect.GENERIC:  # the template reads neither tools nor tool messages
             named = req.forced_tools()[0].function.name if mode == "named" else None
             parallel = req.parallel_tool_calls is not False
@@ -219,6 +229,8 @@ class Service:
         except TemplateError as exc:
             raise ApiError(400, f"the chat template failed: {exc}", param="messages") from None
         shape = ChatShape(prompt_opens_think(text), None if mode == "none" else dialect)
+        if marker is not None:
+            return await media_prompt(self.engine, text, marker, media, self.config.server), shape
         return await self.engine.tokenize(text, special=True), shape
 
     def tool_grammar(self, req: ChatRequest, format_param: str = "response_format") -> str | None:

@@ -30,12 +30,15 @@ class VisionShape(NamedTuple):
     mm_hidden: int = 128
 
 
-def image_tokens(shape: VisionShape = VisionShape()) -> int:
+SMALL = VisionShape()
+
+
+def image_tokens(shape: VisionShape = SMALL) -> int:
     """The positions one image takes in the text model's context."""
     return (shape.image_size // shape.patch_size) ** 2
 
 
-def write_vision_projector(dst: Path, n_embd_text: int, shape: VisionShape = VisionShape(), seed: int = 0) -> None:
+def write_vision_projector(dst: Path, n_embd_text: int, shape: VisionShape = SMALL, seed: int = 0) -> None:
     """An mmproj GGUF whose image embeddings are ``n_embd_text`` wide. The projector's last
     layer is scaled so that its output is about as large as a text model's token
     embeddings (standard deviation near 0.05)."""
