@@ -17,7 +17,7 @@ from strata_core.build import (
     strata_home,
 )
 from strata_core.config import Config, ConfigError, load_config
-from strata_core.models import ModelError, resolve_model
+from strata_core.models import ModelError, mmproj_path, projector_inputs, resolve_model
 from strata_core.plugins import BackendError, Registry, load_registry, select_backend
 
 
@@ -145,6 +145,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     try:
         m = resolve_model(cfg.engine.model)
         print(f"model: {m.id} ({m.path})")
+        mmproj = mmproj_path(cfg.engine.mmproj) if cfg.engine.mmproj else None
+        print(f"  inputs: {', '.join(projector_inputs(mmproj))}" + (f" (projector {mmproj})" if mmproj else ""))
     except ModelError as exc:
         print(f"model: {exc}")
     return 0

@@ -51,6 +51,22 @@ def mmproj_path(name: str) -> Path:
     return _gguf_file(name, "mmproj")
 
 
+def projector_inputs(path: Path | None) -> list[str]:
+    """What a model takes with the projector at ``path`` (None: none): text, and image and
+    audio where the projector's GGUF says it has that encoder."""
+    if path is None:
+        return ["text"]
+    import gguf
+
+    fields = gguf.GGUFReader(path).fields
+
+    def flag(key: str) -> bool:
+        field = fields.get(key)
+        return bool(field is not None and field.contents())
+
+    return ["text"] + [k for k in ("image", "audio") if flag(f"clip.has_{'vision' if k == 'image' else k}_encoder")]
+
+
 def _gguf_file(name: str, what: str, hint: str = "") -> Path:
     path = Path(name).expanduser()
     try:

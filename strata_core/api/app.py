@@ -86,7 +86,8 @@ def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None =
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        data = [{"id": name, "object": "model", "created": 0, "owned_by": "strata"} for name in pool.names()]
+        data = [{"id": m.spec.name, "object": "model", "created": 0, "owned_by": "strata", "inputs": m.spec.inputs}
+                for m in pool.models.values()]  # fmt: skip
         return {"object": "list", "data": data}
 
     @app.get("/health", responses={503: {"description": "the engine is starting",
@@ -113,7 +114,7 @@ def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None =
         service = entry.service
         engine = service.engine if service is not None else None
         info = {k: v for k, v in (engine.info if engine else {}).items() if k not in {"eog", "chat_template"}}
-        every = {m.spec.name: {"backend": m.spec.backend.name, "loaded": m.service is not None}
+        every = {m.spec.name: {"backend": m.spec.backend.name, "loaded": m.service is not None, "inputs": m.spec.inputs}
                  for m in pool.models.values()}  # fmt: skip
         # a Ray Serve replica says which one it is (strata_core/scale/replica.py)
         replica = {"replica": app.state.replica} if hasattr(app.state, "replica") else {}

@@ -4,6 +4,7 @@ a fresh Service (its engine not started yet) each time the model is loaded."""
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from strata_core.api.service import Service
 from strata_core.backend import Backend
 from strata_core.build import EngineBuild, ensure_engine
 from strata_core.config import Config, EngineConfig, check_split
-from strata_core.models import ALIASES, mmproj_path, resolve_model
+from strata_core.models import ALIASES, mmproj_path, projector_inputs, resolve_model
 from strata_core.plugins import load_registry, select_backend
 from strata_core.reader import EngineClient, EngineCommand, engine_command
 
@@ -50,6 +51,12 @@ class ModelSpec:
     log_path: Path | None
     preload: bool = True
     aliases: frozenset[str] = field(default_factory=frozenset)
+    mmproj: Path | None = None
+
+    @functools.cached_property
+    def inputs(self) -> list[str]:
+        """What the model takes (text, image, audio), read from its projector's header."""
+        return projector_inputs(self.mmproj)
 
     def service(self) -> Service:
         """A new Service over a new (not yet started) engine client."""
@@ -65,6 +72,8 @@ class ModelSpec:
             "devices": [vars(d) for d in self.backend.probe().devices],
             "engine_log": str(self.log_path) if self.log_path else None,
             "model_file": str(self.path),
+            "mmproj": str(self.mmproj) if self.mmproj else None,
+            "inputs": self.inputs,
         }
 
 
@@ -72,6 +81,7 @@ def model_spec(cfg: Config, name: str | None, log_path: Path | None, preload: bo
     """The spec of the model [engine] describes (named ``name``, or after its file)."""
     model = resolve_model(cfg.engine.model)
     spec = cfg.speculative
+    mmproj = mmproj_path(cfg.engine.mmproj) if cfg.engine.mmproj else None
     draft = resolve_model(spec.draft_model) if spec.mode == "draft" and spec.draft_model else None
     backend, build = engine_for(cfg)
     e = cfg.engine
@@ -95,12 +105,12 @@ def model_spec(cfg: Config, name: str | None, log_path: Path | None, preload: bo
         split_mode=e.split_mode,
         tensor_split=e.tensor_split,
         main_gpu=e.main_gpu,
-        mmproj=str(mmproj_path(e.mmproj)) if e.mmproj else None,
+        mmproj=str(mmproj) if mmproj else None,
     )
     # One model served: the aliases clients send for "the model" ("default") name it, whatever
     # its file, as before several models could be served; [models.NAME] are named exactly.
     aliases = frozenset(ALIASES) if name is None else frozenset()
-    return ModelSpec(name or model.id, cfg, model.path, backend, build, command, log_path, preload, aliases)
+    return ModelSpec(name or model.id, cfg, model.path, backend, build, command, log_path, preload, aliases, mmproj)
 
 
 def model_specs(cfg: Config, log_path: Callable[[str | None], Path | None]) -> list[ModelSpec]:
