@@ -6,8 +6,6 @@ embedding the same input."""
 from __future__ import annotations
 
 import base64
-import os
-import subprocess
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,7 +18,8 @@ import pytest
 
 from strata_core.backends.cpu import CpuBackend
 from strata_core.build import EngineBuild
-from strata_core.testing.harness import Server, free_port, wait_healthy
+from strata_core.testing.harness import Server, llama_server_binary
+from strata_core.testing.harness import llama_server as run_llama_server
 
 pytestmark = pytest.mark.slow
 
@@ -130,13 +129,6 @@ def test_documented_in_openapi(server: Server) -> None:
 # ---- the same input through llama.cpp's own llama-server ------------------------------------
 
 
-def llama_server_binary(engine: EngineBuild) -> Path | None:
-    """llama-server built in the engine's own CMake tree (bench/peers.py builds it there)."""
-    tree = engine.meta.get("build_dir")
-    found = sorted(Path(tree).rglob("llama-server")) if tree and Path(tree).is_dir() else []
-    return next((p for p in found if p.is_file() and os.access(p, os.X_OK)), None)
-
-
 @pytest.fixture(scope="module")
 def llama_server(cpu_engine: EngineBuild, default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     binary = llama_server_binary(cpu_engine)
@@ -144,23 +136,10 @@ def llama_server(cpu_engine: EngineBuild, default_model: Path, tmp_path_factory:
         pytest.skip("no llama-server in the engine's build tree (python bench/peers.py builds it)")
     # the engine's attention kernel: flash attention alone moves this model's vectors by 1e-2
     flash = {True: "on", False: "off", None: "auto"}[CpuBackend().engine_defaults().flash_attn]
-    port = free_port()
     log_path = tmp_path_factory.mktemp("llama-server") / "llama-server.log"
-    log = open(log_path, "wb")
-    args = [str(binary), "-m", str(default_model), "--host", "127.0.0.1", "--port", str(port), "--embedding",
-            "--pooling", "mean", "-fa", flash, "-c", "1024", "-np", "1", "-t", "2"]  # fmt: skip
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(proc, base, log_path)
+    args = ["-m", str(default_model), "--embedding", "--pooling", "mean", "-fa", flash, "-c", "1024", "-np", "1", "-t", "2"]
+    with run_llama_server(binary, args, log_path) as base:
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 def test_equal_to_llama_servers_embedding(client: openai.OpenAI, llama_server: str) -> None:

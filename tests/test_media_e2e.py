@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import os
 import struct
-import subprocess
 import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +19,8 @@ import pytest
 
 from strata_core.backends.cpu import CpuBackend
 from strata_core.build import EngineBuild, source_dir
-from strata_core.testing.harness import Server, free_port, wait_healthy
+from strata_core.testing.harness import Server, llama_server_binary
+from strata_core.testing.harness import llama_server as run_llama_server
 from strata_core.testing.projector import image_tokens, write_vision_projector
 
 pytestmark = pytest.mark.slow
@@ -181,36 +181,17 @@ def test_bad_media(media_server: Server, name: str, body: dict[str, Any], status
 # ---- the same request through llama.cpp's own llama-server --mmproj ----------------------
 
 
-def llama_server_binary(engine: EngineBuild) -> Path | None:
-    """llama-server built in the engine's own CMake tree (bench/peers.py builds it there)."""
-    tree = engine.meta.get("build_dir")
-    found = sorted(Path(tree).rglob("llama-server")) if tree and Path(tree).is_dir() else []
-    return next((p for p in found if p.is_file() and os.access(p, os.X_OK)), None)
-
-
 @pytest.fixture(scope="module")
 def llama_server(cpu_engine: EngineBuild, default_model: Path, mmproj: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     binary = llama_server_binary(cpu_engine)
     if binary is None:
         pytest.skip("no llama-server in the engine's build tree (python bench/peers.py builds it)")
     flash = {True: "on", False: "off", None: "auto"}[CpuBackend().engine_defaults().flash_attn]
-    port = free_port()
     log_path = tmp_path_factory.mktemp("llama-server") / "llama-server.log"
-    log = open(log_path, "wb")
-    args = [str(binary), "-m", str(default_model), "--mmproj", str(mmproj), "--host", "127.0.0.1",
-            "--port", str(port), "-fa", flash, "-c", "2048", "-np", "2", "-t", "2", "--no-webui"]  # fmt: skip
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(proc, base, log_path)
+    args = ["-m", str(default_model), "--mmproj", str(mmproj), "-fa", flash, "-c", "2048", "-np", "2", "-t", "2",
+            "--no-webui"]  # fmt: skip
+    with run_llama_server(binary, args, log_path) as base:
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 PEER_CASES = [

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -125,6 +127,33 @@ def wait_healthy(proc: subprocess.Popen[Any], base: str, log: Path, timeout: flo
             pass
         time.sleep(0.2)
     raise TimeoutError(f"server not ready: {log.read_text()[-3000:]}")
+
+
+def llama_server_binary(engine: EngineBuild) -> Path | None:
+    """llama-server built in the engine's own CMake tree (bench/peers.py builds it there)."""
+    tree = engine.meta.get("build_dir")
+    found = sorted(Path(tree).rglob("llama-server")) if tree and Path(tree).is_dir() else []
+    return next((p for p in found if p.is_file() and os.access(p, os.X_OK)), None)
+
+
+@contextmanager
+def llama_server(binary: Path, args: list[str], log_path: Path) -> Iterator[str]:
+    """llama-server with ``args`` on a free loopback port, its console in ``log_path``; its
+    base URL once healthy."""
+    port = free_port()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([str(binary), "--host", "127.0.0.1", "--port", str(port), *args],
+                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        base = f"http://127.0.0.1:{port}"
+        try:
+            wait_healthy(proc, base, log_path)
+            yield base
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 class Server:
