@@ -17,9 +17,10 @@ import httpx
 import openai
 import pytest
 
+from strata_core import protocol as proto
 from strata_core.backends.cpu import CpuBackend
 from strata_core.build import EngineBuild, source_dir
-from strata_core.testing.harness import Server, llama_server_binary
+from strata_core.testing.harness import EngineProcess, Server, llama_server_binary
 from strata_core.testing.harness import llama_server as run_llama_server
 from strata_core.testing.projector import image_tokens, write_vision_projector
 
@@ -81,6 +82,43 @@ def reply(client: openai.OpenAI, messages: list[dict[str, Any]], max_tokens: int
     r = client.chat.completions.create(model="default", messages=messages, temperature=0, max_tokens=max_tokens)  # type: ignore[arg-type]
     assert r.usage is not None
     return r.choices[0].message.content or "", r.usage.prompt_tokens
+
+
+@pytest.fixture(scope="module")
+def engine(cpu_engine: EngineBuild, default_model: Path, mmproj: Path) -> Iterator[EngineProcess]:
+    eng = EngineProcess(CpuBackend(), cpu_engine, default_model, mmproj=mmproj)
+    yield eng
+    eng.close()
+
+
+def tokenize(engine: EngineProcess, rid: str, *parts: tuple[str, bytes]) -> proto.Event:
+    engine.send(proto.MediaTokenize(rid, parts))
+    return engine.next_event()
+
+
+def test_the_engine_tokenizes_media_and_reuses_their_cache(engine: EngineProcess) -> None:
+    assert engine.ready.info["inputs"] == ["text", "image"]
+    ev = tokenize(engine, "m1", ("text", b"<|im_start|>user\nLook:"), ("media", RED), ("text", b" ok?<|im_end|>\n"))
+    assert isinstance(ev, proto.MediaTokens) and len(ev.spans) == 1
+    span = ev.spans[0]
+    assert span.n == image_tokens() and ev.ids[span.pos : span.pos + span.n] == (0,) * span.n
+    media = proto.encode_spans(ev.spans)
+    first = engine.run("g1", list(ev.ids), max_tokens=4, media=media)
+    again = engine.run("g2", list(ev.ids), max_tokens=4, media=media)
+    tokens = [[e.id for e in evs if isinstance(e, proto.Token)] for evs in (first, again)]
+    assert tokens[0] == tokens[1] and len(tokens[0]) == 4
+    done = [evs[-1] for evs in (first, again)]
+    assert isinstance(done[1], proto.Done) and int(done[1].stats["prompt"]) == len(ev.ids)
+    assert int(done[1].stats["cached"]) > span.pos + span.n  # the image came from the cache
+    other = tokenize(engine, "m2", ("text", b"<|im_start|>user\nLook:"), ("media", BLUE), ("text", b" ok?<|im_end|>\n"))
+    assert isinstance(other, proto.MediaTokens) and other.spans[0].key != span.key
+
+
+def test_the_engine_refuses_media_it_cannot_take(engine: EngineProcess) -> None:
+    ev = tokenize(engine, "m3", ("text", b"x"), ("media", b"not an image at all"), ("text", b"y"))
+    assert isinstance(ev, proto.Error) and "media item 0" in ev.message
+    unknown = engine.run("g3", [1, 0, 0, 2], media="00ff:1:2")
+    assert isinstance(unknown[0], proto.Error) and "not known" in unknown[0].message
 
 
 def test_models_and_backend_say_the_model_takes_images(media_server: Server) -> None:

@@ -52,7 +52,7 @@ class EngineProcess:
         self, backend: Backend, build: EngineBuild, model: Path, parallel: int = 2,
         draft_model: Path | None = None, spec_threshold: float = SpeculativeConfig().threshold,
         flash_attn: bool | None = None, spec_adaptive: bool = SpeculativeConfig().adaptive,
-        prompt_cache_mib: int = EngineConfig().prompt_cache_mib,
+        prompt_cache_mib: int = EngineConfig().prompt_cache_mib, mmproj: Path | None = None,
     ) -> None:  # fmt: skip
         d = backend.engine_defaults()
         flash_attn = d.flash_attn if flash_attn is None else flash_attn
@@ -62,6 +62,7 @@ class EngineProcess:
             flash_attn=flash_attn, backend=backend.name,
             draft_model=str(draft_model) if draft_model else None, spec_threshold=spec_threshold,
             spec_adaptive=spec_adaptive, prompt_cache_mib=prompt_cache_mib,
+            mmproj=str(mmproj) if mmproj else None,
         )  # fmt: skip
         self.proc = subprocess.Popen(
             list(cmd.argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
