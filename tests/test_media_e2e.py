@@ -145,6 +145,16 @@ def test_several_images_in_order(api: openai.OpenAI) -> None:
     assert both != swapped
 
 
+def test_seeded_replay_and_logprobs_with_an_image(api: openai.OpenAI) -> None:
+    def sampled() -> tuple[str, list[float]]:
+        r = api.chat.completions.create(model="default", messages=ask("Tell me a story.", RED), temperature=1.0,  # type: ignore[arg-type]
+                                        seed=1234, max_tokens=12, logprobs=True)  # fmt: skip
+        assert r.choices[0].logprobs is not None and r.choices[0].logprobs.content
+        return r.choices[0].message.content or "", [t.logprob for t in r.choices[0].logprobs.content]
+
+    assert sampled() == sampled()
+
+
 def test_tokenize_with_messages_counts_media(media_server: Server, api: openai.OpenAI) -> None:
     messages = ask("Describe the picture.", RED)
     tokens = httpx.post(f"{media_server.base}/tokenize", json={"messages": messages}).json()["tokens"]
