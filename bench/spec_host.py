@@ -55,7 +55,8 @@ def main() -> None:
     from bench.serving import abba
     from bench.speculative import WORKLOADS
     from bench.trace_steps import summarise
-    from strata_core.engine.scheduler import Request, Scheduler
+    from strata_core.engine.loop import Engine
+    from strata_core.engine.request import Request
     from strata_core.options import SamplingParams
     from strata_core.text.chat import FALLBACK_TEMPLATE, ChatTemplate
 
@@ -68,7 +69,7 @@ def main() -> None:
     template = ChatTemplate(facts["chat_template"] or FALLBACK_TEMPLATE)
     eog = frozenset(facts["eog"])
     steps: list[dict[str, Any]] = []
-    sched = Scheduler(m, lambda event: None, adaptive=True, shape_costs=m.on_gpu, trace=steps.append)
+    sched = Engine(m, lambda event: None, adaptive=True, shape_costs=m.on_gpu, trace=steps.append)
     print(f"{a.backend}, {a.slots} slots, k={a.k}, {a.waves} waves of c requests per mode, "
           f"{a.max_tokens} tokens each")  # fmt: skip
     modes = {"off": 0, "ngram": a.k}

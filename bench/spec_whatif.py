@@ -80,13 +80,14 @@ def main() -> None:
 
     from bench.serving import abba
     from bench.speculative import WORKLOADS
-    from strata_core.engine import scheduler as sched_mod
-    from strata_core.engine.scheduler import Request, Scheduler
+    from strata_core.engine import loop, runner
+    from strata_core.engine.loop import Engine
+    from strata_core.engine.request import Request
     from strata_core.options import SamplingParams
     from strata_core.text.chat import FALLBACK_TEMPLATE, ChatTemplate
 
     clock = GpuClock(a.base_ms / 1e3, a.row_ms / 1e3, a.plain_switch_ms / 1e3, a.window_switch_ms / 1e3)
-    sched_mod.time = types.SimpleNamespace(perf_counter=clock.perf_counter)  # type: ignore[assignment]
+    loop.time = runner.time = types.SimpleNamespace(perf_counter=clock.perf_counter)  # type: ignore[assignment]
     m = Llama(ModelOptions(path=str(resolve_model(a.model).path), n_ctx=1024, n_seq=a.slots, n_batch=512,
                            threads=load_config().engine.threads))  # fmt: skip
     m.warm_up()
@@ -103,17 +104,17 @@ def main() -> None:
     template = ChatTemplate(facts["chat_template"] or FALLBACK_TEMPLATE)
     eog = frozenset(facts["eog"])
     steps: list[dict[str, Any]] = []
-    sched = Scheduler(m, lambda event: None, adaptive=True, shape_costs=True, trace=steps.append)
+    sched = Engine(m, lambda event: None, adaptive=True, shape_costs=True, trace=steps.append)
     real_prefill = sched._prefill
 
-    def prefill() -> None:
+    def prefill(*args: Any) -> None:
         prefilling[0] = True
         try:
-            real_prefill()
+            real_prefill(*args)
         finally:
             prefilling[0] = False
 
-    sched._prefill = prefill
+    sched._prefill = prefill  # type: ignore[method-assign]
     modes = {"off": 0, "ngram": a.k}
     print(f"{a.slots} slots, k={a.k}, {a.waves} waves per mode; GPU costs: {a.base_ms} ms + {a.row_ms} ms a row, "
           f"switch {a.plain_switch_ms} / {a.window_switch_ms} ms")  # fmt: skip

@@ -46,7 +46,7 @@ def main() -> None:
     from strata_core.engine.llama import Batch, Llama, ModelOptions  # isort: skip
     import numpy as np
 
-    from strata_core.engine.adaptive import micro_batches
+    from strata_core.engine.speculation.cost import micro_batches
 
     d = backend.engine_defaults()
     m = Llama(ModelOptions(path=str(resolve_model(a.model).path), n_ctx=a.context + 64, n_seq=a.slots,

@@ -130,7 +130,8 @@ def main() -> None:
 import json, sys, time
 from strata_core.engine.llama import Llama, ModelOptions
 from strata_core.options import SamplingParams
-from strata_core.engine.scheduler import Request, Scheduler
+from strata_core.engine.loop import Engine
+from strata_core.engine.request import Request
 m = Llama(ModelOptions(path={model!r}, n_ctx=2048, n_seq=1, n_batch=512, threads={threads},
                        n_gpu_layers={d.n_gpu_layers}, flash_attn={d.flash_attn!r}))
 m.warm_up()
@@ -138,7 +139,7 @@ text = "<|im_start|>user\\n" + {PROMPT!r} + "<|im_end|>\\n<|im_start|>assistant\
 prompt = m.tokenize(text.encode(), True, True)
 for r in range({a.rounds}):
     steps = []
-    s = Scheduler(m, lambda e: None, trace=steps.append)
+    s = Engine(m, lambda e: None, trace=steps.append)
     s.submit(Request("r", list(prompt), SamplingParams(), {a.tokens}, frozenset(), None))
     while s.busy:
         s.step()

@@ -266,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="path to a GGUF file, or an alias (default)")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
-    p.add_argument("--parallel", type=int, help="parallel slots")
+    p.add_argument("--parallel", help="parallel slots, or auto (as many as the GPU's free memory holds)")
     p.add_argument("--n-ctx", type=int, help="context per slot")
     p.add_argument("--draft-model", help='speculate with this draft GGUF (sets [speculative] mode = "draft")')
     p.add_argument("--mmproj", help="the model's multimodal projector GGUF: it takes images (and audio)")

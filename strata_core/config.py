@@ -67,11 +67,39 @@ class ServerConfig(_Section):
     fetch_media_timeout: float = Field(default=10.0, gt=0)
 
 
+#: A CPU's slots under parallel = "auto": its step cost grows with every row.
+CPU_PARALLEL = 4
+MAX_PARALLEL = 256
+
+
+def check_parallel(value: Any) -> Any:
+    """``parallel``: "auto" or a whole number of slots in [1, MAX_PARALLEL]."""
+    if value is None or value == "auto":
+        return value
+    if isinstance(value, str) and value.strip().isdigit():  # STRATA_ENGINE_PARALLEL=8, --parallel 8
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f'parallel = {value!r}: expected "auto" or a whole number of slots')
+    if not 1 <= value <= MAX_PARALLEL:
+        raise ValueError(f'parallel = {value}: expected 1 to {MAX_PARALLEL} slots, or "auto"')
+    return value
+
+
+def slots_for(parallel: int | Literal["auto"], on_gpu: bool) -> int | Literal["auto"]:
+    """What the engine is asked for: "auto" is sized by the engine on a GPU (from its free
+    memory), and is ``CPU_PARALLEL`` on a CPU."""
+    if parallel == "auto" and not on_gpu:
+        return CPU_PARALLEL
+    return parallel
+
+
 class EngineConfig(_Section):
     backend: str = "auto"
     model: str = "default"
     n_ctx: int = Field(default=4096, ge=64, le=1 << 20)
-    parallel: int = Field(default=4, ge=1, le=256)
+    #: Slots decoded together. "auto": on a GPU, as many as the device's free memory holds
+    #: at n_ctx each (engine/fit.py; at most 64); on a CPU, ``CPU_PARALLEL``.
+    parallel: int | Literal["auto"] = Field(default="auto")
     n_batch: int = Field(default=512, ge=16, le=65536)
     threads: int | None = Field(default=None, ge=1, le=1024)
     n_gpu_layers: int | None = Field(default=None, ge=-1)
@@ -95,6 +123,11 @@ class EngineConfig(_Section):
     #: The model's multimodal projector (an ``mmproj`` GGUF, llama-server's ``--mmproj``):
     #: with it the model takes images (and audio, where the projector encodes it).
     mmproj: str | None = None
+
+    @field_validator("parallel", mode="before")
+    @classmethod
+    def _slots(cls, value: Any) -> Any:
+        return check_parallel(value)
 
     @field_validator("split_mode", mode="before")
     @classmethod
@@ -194,13 +227,18 @@ class ModelConfig(_Section):
 
     path: str = Field(min_length=1)  # a GGUF path, or an alias of the default model
     backend: str | None = None
-    parallel: int | None = Field(default=None, ge=1, le=256)
+    parallel: int | Literal["auto"] | None = None
     n_ctx: int | None = Field(default=None, ge=64, le=1 << 20)
     threads: int | None = Field(default=None, ge=1, le=1024)
     mmproj: str | None = None  # its multimodal projector GGUF ([engine] mmproj)
     speculative: SpeculativeConfig | None = None
     #: false: the engine starts on the model's first request instead of with the server.
     preload: bool = True
+
+    @field_validator("parallel", mode="before")
+    @classmethod
+    def _slots(cls, value: Any) -> Any:
+        return check_parallel(value)
 
 
 class ClusterConfig(_Section):

@@ -423,7 +423,7 @@ def engine_command(
     site: str,
     env: Mapping[str, str],
     n_ctx: int,
-    parallel: int,
+    parallel: int | str,
     n_batch: int,
     threads: int | None,
     n_gpu_layers: int,

@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from strata_core.engine.adaptive import (
+from strata_core.engine.speculation.cost import (
     CPU_MARGIN,
     MARGIN,
     Acceptance,

@@ -93,7 +93,8 @@ PREFILL_SCRIPT = textwrap.dedent(
     from strata_core import protocol as proto
     from strata_core.engine.llama import Llama, ModelOptions
     from strata_core.options import SamplingParams
-    from strata_core.engine.scheduler import Request, Scheduler
+    from strata_core.engine.loop import Engine
+    from strata_core.engine.request import Request
 
     m = Llama(ModelOptions(path=MODEL, n_ctx=512, n_seq=3, n_batch=256))
     def chat(text):
@@ -105,7 +106,7 @@ PREFILL_SCRIPT = textwrap.dedent(
         "mid": chat("Name three rivers in Europe, one in Africa and one in Asia, with the seas they reach."),
     }
     events, steps = [], []
-    sched = Scheduler(m, events.append, trace=steps.append)
+    sched = Engine(m, events.append, trace=steps.append)
     for rid, p in prompts.items():
         sched.submit(Request(rid, list(p), SamplingParams(), 4, frozenset(), None))
     first, n = {}, 0
@@ -138,12 +139,13 @@ REPEAT_SCRIPT = textwrap.dedent(
     from strata_core import protocol as proto
     from strata_core.engine.llama import Llama, ModelOptions
     from strata_core.options import SamplingParams
-    from strata_core.engine.scheduler import Request, Scheduler
+    from strata_core.engine.loop import Engine
+    from strata_core.engine.request import Request
 
     m = Llama(ModelOptions(path=MODEL, n_ctx=512, n_seq=2, n_batch=256))
     prompt = m.tokenize(b"<|im_start|>user\\nWhy is the sky blue?<|im_end|>\\n<|im_start|>assistant\\n", True, True)
     events, steps = [], []
-    sched = Scheduler(m, events.append, trace=steps.append)
+    sched = Engine(m, events.append, trace=steps.append)
     runs = {}
     for rid in ("first", "again"):
         events.clear()
@@ -180,8 +182,9 @@ SAVE_SCRIPT = textwrap.dedent(
     import json
     from strata_core.engine.llama import Llama, ModelOptions
     from strata_core.options import SamplingParams
-    from strata_core.engine.scheduler import Request, Scheduler
-    from strata_core.engine.speculative import common_prefix
+    from strata_core.engine.loop import Engine
+    from strata_core.engine.request import Request
+    from strata_core.engine.prompt_cache import common_prefix
 
     m = Llama(ModelOptions(path=MODEL, n_ctx=512, n_seq=4, n_batch=512))
     system = "You are a ship's cook who answers every question with a recipe and a song. " * 3
@@ -189,27 +192,27 @@ SAVE_SCRIPT = textwrap.dedent(
         text = f"<|im_start|>system\\n{system}<|im_end|>\\n<|im_start|>user\\nQuestion {n}.<|im_end|>\\n<|im_start|>assistant\\n"
         return m.tokenize(text.encode(), True, True)
     n_shared = common_prefix(chat(1), chat(2))  # what a new request keeps of a slot's cache
-    sched = Scheduler(m, lambda ev: None, saved_bytes=1 << 30)
+    sched = Engine(m, lambda ev: None, saved_bytes=1 << 30)
 
     def burst(*names):
         for name in names:
             sched.submit(Request(name, list(chat(name)), SamplingParams(), 24, frozenset(), None))
         while sched.busy:
             sched.step()
-        return len(sched.saved.entries)
+        return len(sched.scheduler.saved.entries)
 
     out = {"warm-up": burst(10)}
     out["a"] = burst(1, 2, 3, 4)  # each starts from the cached system prompt: worth saving later
     lost = [len(s.cached) - n_shared for s in sched.slots]
     # a GPU's costs: prefilling what any slot would lose costs more than a copy and less
     # than two, so one request waiting for the copy is worth it, two or more are not
-    sched.prefill_secs, sched.copy_secs = 1e-4, max(lost) * 1e-4 / 1.9
+    sched.scheduler.prefill_secs, sched.scheduler.copy_secs = 1e-4, max(lost) * 1e-4 / 1.9
     out["b"] = burst(5, 6, 7, 8)
     out["lost"] = [min(lost), max(lost)]
     # idle: the free slots' caches go to host memory one a call, till none is left
-    sched.prefill_secs, sched.copy_secs = 1e-3, 1e-6
+    sched.scheduler.prefill_secs, sched.scheduler.copy_secs = 1e-3, 1e-6
     calls = [sched.save_idle() for _ in range(6)]
-    out["idle"] = [calls, len(sched.saved.entries)]
+    out["idle"] = [calls, len(sched.scheduler.saved.entries)]
     out["c"] = burst(11, 12, 13, 14)  # their caches are saved already: no copy on admission
     print(json.dumps(out))
     """

@@ -157,7 +157,7 @@ def test_precedence_cli_over_env_over_file(tmp_path: Path) -> None:
     env = {"STRATA_ENGINE_PARALLEL": "3", "STRATA_BACKEND": "cuda"}
     c = load_config(cfg, env=env, overrides={"engine": {"parallel": 5, "backend": None}})
     assert (c.engine.parallel, c.engine.n_ctx, c.engine.backend) == (5, 512, "cuda")
-    assert load_config(None, env={}).engine.parallel == 4
+    assert load_config(None, env={}).engine.parallel == "auto"  # a CPU engine is asked for CPU_PARALLEL
 
 
 # ---- the native engine ---------------------------------------------------------------

@@ -20,7 +20,8 @@ SCRIPT = textwrap.dedent(
     from strata_core import protocol as proto
     from strata_core.engine.llama import Llama, LlamaError, ModelOptions
     from strata_core.options import SamplingParams
-    from strata_core.engine.scheduler import Request, Scheduler
+    from strata_core.engine.loop import Engine
+    from strata_core.engine.request import Request
 
     m = Llama(ModelOptions(path=MODEL, n_ctx=512, n_seq=2, n_batch=256))
     prompt = m.tokenize(b"<|im_start|>user\\nSay hello.<|im_end|>\\n<|im_start|>assistant\\n", True, True)
@@ -34,7 +35,7 @@ SCRIPT = textwrap.dedent(
 
     m.seq_trim = refuse_first
     events = []
-    sched = Scheduler(m, events.append)
+    sched = Engine(m, events.append)
     for rid in ("a", "b", "c"):
         sched.submit(Request(rid, list(prompt), SamplingParams(), 8, frozenset(), None))
     steps = 0
@@ -65,7 +66,8 @@ EVICTED = textwrap.dedent(
     from strata_core import protocol as proto
     from strata_core.engine.llama import Llama, ModelOptions
     from strata_core.options import SamplingParams
-    from strata_core.engine.scheduler import Request, Scheduler
+    from strata_core.engine.loop import Engine
+    from strata_core.engine.request import Request
 
     m = Llama(ModelOptions(path=MODEL, n_ctx=1024, n_seq=1, n_batch=256))
 
@@ -76,20 +78,20 @@ EVICTED = textwrap.dedent(
     x = "You are a ship's cook who answers every question with a recipe. " * 6
     y = "You are a lighthouse keeper who counts the waves before each answer. " * 6
     events = []
-    sched = Scheduler(m, events.append, saved_bytes=1 << 30)
+    sched = Engine(m, events.append, saved_bytes=1 << 30)
     log = {}
 
     def run(rid, prompt):
         sched.submit(Request(rid, list(prompt), SamplingParams(), 4, frozenset(), None))
         while sched.busy:
             sched.step()
-        log[rid] = len(sched.saved.entries)
+        log[rid] = len(sched.scheduler.saved.entries)
 
     run("x1", chat(x, "Soup?"))
     run("x2", chat(x, "Bread?"))  # reuses x's cache: the slot's cache is worth saving
     run("y1", chat(y, "Storm?"))  # x's cache goes to host memory
     # room for one saved state only: saving y's below evicts x's, the one about to load
-    sched.saved.capacity = sched.saved.size + sched.saved.size // 2
+    sched.scheduler.saved.capacity = sched.scheduler.saved.size + sched.scheduler.saved.size // 2
     run("y2", chat(y, "Fog?"))
     run("x3", chat(x, "Pie?"))
     print(json.dumps({

@@ -26,7 +26,8 @@ SCRIPT = textwrap.dedent(
     from strata_core import protocol as proto
     from strata_core.engine.llama import Llama, ModelOptions
     from strata_core.options import SamplingParams
-    from strata_core.engine.scheduler import Request, Scheduler
+    from strata_core.engine.loop import Engine
+    from strata_core.engine.request import Request
 
     m = Llama(ModelOptions(path=MODEL, n_ctx=1024, n_seq=2, n_batch=128))
 
@@ -39,7 +40,7 @@ SCRIPT = textwrap.dedent(
     short = chat(tutor, "Tell me a short joke about cats.")
     long = chat(tutor, compiler + "Keep it short.")
     events = []
-    sched = Scheduler(m, events.append)
+    sched = Engine(m, events.append)
 
     def seeded(rid, prompt):
         return Request(rid, list(prompt), SamplingParams(temperature=1.0, seed=1234), 24, frozenset(), 0, isolate=True)

@@ -26,10 +26,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strata_core.engine import philox
-from strata_core.engine.speculative import (
+from strata_core.engine.speculation.ngram import NgramIndex
+from strata_core.engine.speculation.verify import (
     NULL,
     STREAM_PROPOSE,
-    NgramIndex,
     WindowResult,
     WindowUniforms,
     accepts,

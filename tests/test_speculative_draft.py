@@ -20,7 +20,7 @@ from strata_core.backends.cpu import CpuBackend
 from strata_core.build import EngineBuild
 from strata_core.config import ConfigError, load_config
 from strata_core.engine.sampler import probabilities, sample
-from strata_core.engine.speculative import NULL, Proposal, sampled_proposal, verify_proposal
+from strata_core.engine.speculation.verify import NULL, Proposal, sampled_proposal, verify_proposal
 from strata_core.options import SamplingParams
 from strata_core.testing.harness import EngineProcess, Server
 

@@ -24,10 +24,11 @@ SCRIPT = textwrap.dedent(
     """
     import json
     from strata_core import protocol as proto
-    from strata_core.engine.adaptive import StepCost
+    from strata_core.engine.speculation.cost import StepCost
     from strata_core.engine.llama import Llama, ModelOptions
     from strata_core.options import SamplingParams
-    from strata_core.engine.scheduler import Request, Scheduler
+    from strata_core.engine.loop import Engine
+    from strata_core.engine.request import Request
 
     class GpuLike(StepCost):  # H200, default model: one kernel path up to 8 rows
         switch = 0.001
@@ -45,15 +46,15 @@ SCRIPT = textwrap.dedent(
     out = {}
     for k in (0, 7):
         events = []
-        sched = Scheduler(m, events.append, adaptive=True, shape_costs=True)
-        sched.cost = GpuLike()
+        sched = Engine(m, events.append, adaptive=True, shape_costs=True)
+        sched.spec.cost = GpuLike()
         windows = []  # (rows, filler) of each window verified
-        verify = sched._verify
-        def spy(slot, idx, prop, verify=verify):
+        judge = sched.spec.judge
+        def spy(slot, prop, rows, judge=judge):
             if prop.tokens:
                 windows.append((len(prop.tokens), prop.filler))
-            verify(slot, idx, prop)
-        sched._verify = spy
+            judge(slot, prop, rows)
+        sched.spec.judge = spy
         params = SamplingParams()
         sched.submit(Request("r", list(prompt), params, 64, frozenset(), None, spec_k=k))
         while sched.busy:
@@ -81,10 +82,11 @@ def test_padded_windows_keep_the_output_and_count_real_drafts(cpu_engine: Engine
 GUARD_SCRIPT = textwrap.dedent(
     """
     import json
-    from strata_core.engine.adaptive import StepCost
+    from strata_core.engine.speculation.cost import StepCost
     from strata_core.engine.llama import Llama, ModelOptions
     from strata_core.options import SamplingParams
-    from strata_core.engine.scheduler import Request, Scheduler
+    from strata_core.engine.loop import Engine
+    from strata_core.engine.request import Request
 
     class FreeRows(StepCost):  # a cost model that is wrong here: rows cost nothing
         def seconds(self, rows):
@@ -106,10 +108,10 @@ GUARD_SCRIPT = textwrap.dedent(
     for guarded in (False, True):
         steps = []
         # a GPU's sizing: a window once open is kept, padded with filler, while rows look free
-        sched = Scheduler(m, lambda ev: None, adaptive=True, shape_costs=True, trace=steps.append)
-        sched.cost = FreeRows()
+        sched = Engine(m, lambda ev: None, adaptive=True, shape_costs=True, trace=steps.append)
+        sched.spec.cost = FreeRows()
         if not guarded:
-            sched.guard = NoGuard()
+            sched.spec.guard = NoGuard()
         params = SamplingParams(temperature=1.5, seed=3)
         sched.submit(Request("r", list(prompt), params, 240, frozenset(), None, spec_k=7))
         while sched.busy:
@@ -141,10 +143,11 @@ def test_the_guard_shuts_windows_a_wrong_cost_model_opens(cpu_engine: EngineBuil
 JUDGED_SCRIPT = textwrap.dedent(
     """
     import json
-    from strata_core.engine.adaptive import StepCost
+    from strata_core.engine.speculation.cost import StepCost
     from strata_core.engine.llama import Llama, ModelOptions
     from strata_core.options import SamplingParams
-    from strata_core.engine.scheduler import Request, Scheduler
+    from strata_core.engine.loop import Engine
+    from strata_core.engine.request import Request
 
     class Rows(StepCost):
         def __init__(self, per_row):
@@ -173,9 +176,9 @@ JUDGED_SCRIPT = textwrap.dedent(
     out = {}
     for name, per_row in (("free", 0.0), ("costly", 1.0)):
         steps = []
-        sched = Scheduler(m, lambda ev: None, adaptive=True, trace=steps.append)
-        sched.cost = Rows(per_row)
-        sched.guard = guard = Refusing()
+        sched = Engine(m, lambda ev: None, adaptive=True, trace=steps.append)
+        sched.spec.cost = Rows(per_row)
+        sched.spec.guard = guard = Refusing()
         req = Request("r", list(prompt), SamplingParams(), 40, frozenset(), None, spec_k=7)
         sched.submit(req)
         while sched.busy:
@@ -211,7 +214,8 @@ GAP_SCRIPT = textwrap.dedent(
     from strata_core import protocol as proto
     from strata_core.engine.llama import Llama, ModelOptions
     from strata_core.options import SamplingParams
-    from strata_core.engine.scheduler import Request, Scheduler
+    from strata_core.engine.loop import Engine
+    from strata_core.engine.request import Request
 
     m = Llama(ModelOptions(path=MODEL, n_ctx=512, n_seq=3, n_batch=256))
     def chat(text):
@@ -223,7 +227,7 @@ GAP_SCRIPT = textwrap.dedent(
         for seq in range(3):
             m.seq_trim(seq, 0)
         events, steps = [], []
-        sched = Scheduler(m, events.append, shape_costs=gpu_like, trace=steps.append)
+        sched = Engine(m, events.append, shape_costs=gpu_like, trace=steps.append)
         for i, (p, n) in enumerate(zip(prompts, (40, 2, 40))):  # the middle slot finishes first
             sched.submit(Request(f"r{i}", list(p), params, n, frozenset(), None))
         while sched.busy:
@@ -260,11 +264,12 @@ PAUSE_SCRIPT = textwrap.dedent(
     """
     import json
     from strata_core import protocol as proto
-    from strata_core.engine.adaptive import StepCost
+    from strata_core.engine.speculation.cost import StepCost
     from strata_core.engine.llama import Llama, ModelOptions
     from strata_core.options import SamplingParams
-    from strata_core.engine.scheduler import Request, Scheduler
-    from strata_core.engine.speculative import NgramIndex
+    from strata_core.engine.loop import Engine
+    from strata_core.engine.request import Request
+    from strata_core.engine.speculation.ngram import NgramIndex
 
     class Costly(StepCost):  # every row costs a whole step: no window ever pays
         def seconds(self, rows):
@@ -289,13 +294,13 @@ PAUSE_SCRIPT = textwrap.dedent(
     for k in (0, 7):
         m.seq_trim(0, 0)
         events, steps, drafting = [], [], []
-        sched = Scheduler(m, events.append, adaptive=True, shape_costs=True, trace=steps.append)
-        sched.cost = Costly()
-        drafts = sched._ngram_drafts
+        sched = Engine(m, events.append, adaptive=True, shape_costs=True, trace=steps.append)
+        sched.spec.cost = Costly()
+        drafts = sched.spec._ngram_drafts
         def spy(slot, n, drafts=drafts):
             drafting.append(len(steps))
             return drafts(slot, n)
-        sched._ngram_drafts = spy
+        sched.spec._ngram_drafts = spy
         req = Request("r", list(prompt), SamplingParams(), 80, frozenset(), None, spec_k=k)
         sched.submit(req)
         while sched.busy:
@@ -331,13 +336,13 @@ def test_ngram_drafting_pauses_where_no_window_pays(cpu_engine: EngineBuild, def
 WAKE_SCRIPT = SCRIPT[: SCRIPT.index("out = {}")] + textwrap.dedent(
     """
     events, steps, drafting = [], [], []
-    sched = Scheduler(m, events.append, adaptive=True, shape_costs=True, trace=steps.append)
-    sched.cost = GpuLike()
-    drafts = sched._ngram_drafts
+    sched = Engine(m, events.append, adaptive=True, shape_costs=True, trace=steps.append)
+    sched.spec.cost = GpuLike()
+    drafts = sched.spec._ngram_drafts
     def spy(slot, n):
         drafting.append(len(steps))
         return drafts(slot, n)
-    sched._ngram_drafts = spy
+    sched.spec._ngram_drafts = spy
     req = Request("r", list(prompt), SamplingParams(), 60, frozenset(), None, spec_k=7)
     sched.submit(req)
     shadows, streamed = {}, []  # shadow drafts recorded: (start, tokens); stream length after each step

@@ -14,7 +14,7 @@ from typing import Any
 from strata_core.api.service import Service
 from strata_core.backend import Backend
 from strata_core.build import EngineBuild, ensure_engine
-from strata_core.config import Config, EngineConfig, check_split
+from strata_core.config import Config, EngineConfig, check_split, slots_for
 from strata_core.models import ALIASES, mmproj_path, projector_inputs, resolve_model
 from strata_core.plugins import load_registry, select_backend
 from strata_core.reader import EngineClient, EngineCommand, engine_command
@@ -91,7 +91,7 @@ def model_spec(cfg: Config, name: str | None, log_path: Path | None, preload: bo
         site=str(build.path),
         env=backend.engine_env(e),
         n_ctx=e.n_ctx,
-        parallel=e.parallel,
+        parallel=slots_for(e.parallel, on_gpu=n_gpu_layers != 0 and backend.name != "cpu"),
         n_batch=e.n_batch,
         threads=e.threads,
         n_gpu_layers=n_gpu_layers,

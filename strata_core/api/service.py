@@ -20,7 +20,7 @@ from strata_core.api.limits import queue_full, read_json
 from strata_core.api.media import check_media, media_marker, media_prompt
 from strata_core.api.metrics import Metrics
 from strata_core.api.stream import timed_out
-from strata_core.config import Config
+from strata_core.config import CPU_PARALLEL, Config
 from strata_core.errors import ApiError
 from strata_core.options import GenOptions, OptionError
 from strata_core.reader import (
@@ -110,10 +110,9 @@ class Service:
     admitting: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
-        slots = self.config.engine.parallel
         self.metrics = Metrics(
-            queue_depth=lambda: max(0, self.engine.in_flight - slots),
-            busy_slots=lambda: min(self.engine.in_flight, slots),
+            queue_depth=lambda: max(0, self.engine.in_flight - self.slots),
+            busy_slots=lambda: min(self.engine.in_flight, self.slots),
             cancelled=lambda: self.engine.done_reasons["cancelled"],
             kv_usage=self.engine.kv_usage,
             model_name=self.model_id,
@@ -129,6 +128,15 @@ class Service:
             bos_token=info.get("bos_text", ""),
             eos_token=info.get("eos_text", ""),
         )
+
+    @property
+    def slots(self) -> int:
+        """The engine's slots: what it reported ready with (``parallel = "auto"`` sizes
+        them there), else the configuration's number, else the CPU default."""
+        if "slots" in self.engine.info:
+            return int(self.engine.info["slots"])
+        parallel = self.config.engine.parallel
+        return parallel if isinstance(parallel, int) else CPU_PARALLEL
 
     @property
     def n_ctx(self) -> int:
@@ -156,7 +164,7 @@ class Service:
         """Room for ``choices`` engine requests until they are sent (GEN), or 429 when more
         than ``[server] max_queued`` would wait for a slot; a request that could never fit
         is a 400."""
-        limit, slots = self.config.server.max_queued, self.config.engine.parallel
+        limit, slots = self.config.server.max_queued, self.slots
         if limit and choices > limit + slots:
             raise ApiError(400, f"the request asks for {choices} choices (n for each prompt); this server "
                            f"runs {slots} at once and queues at most {limit}", param="n",

@@ -191,6 +191,12 @@ class Llama:
         ptr = ll.llama_get_logits_ith(self.ctx, i)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
+    def outputs(self, n: int) -> npt.NDArray[np.float32]:
+        """The last decode's ``n`` logits rows (those its batch asked for), in batch order,
+        as one matrix (valid until the next decode)."""
+        ptr = ll.llama_get_logits(self.ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab))
+
     def seq_trim(self, seq: int, keep: int) -> None:
         """Drop the cached positions >= ``keep`` of ``seq``."""
         if not ll.llama_memory_seq_rm(self.mem, seq, keep, -1):

@@ -7,7 +7,7 @@ positions held by placeholders, and per item the key (a hash of its bytes) and t
 positions it takes. The decoded items stay here, by key, until a ``GEN`` names them.
 
 Inside the scheduler a media item's positions hold one negative id, the same for every
-item with the same bytes (``placeholder``): prefix reuse then compares media by their hash
+item with the same bytes (``media_runs.placeholder``): prefix reuse then compares media by their hash
 as it compares tokens, and a conversation that sends the same image again reuses its
 cache. A slot reaching such a run of ids encodes the item and decodes its embeddings into
 its sequence (``MediaChunk.decode``), in a ``llama_decode`` of its own, as llama-server does.
@@ -32,12 +32,6 @@ KEEP_ITEMS = 64
 
 class MediaError(ValueError):
     """A media item mtmd cannot take (it does not decode, or the model has no encoder for it)."""
-
-
-def placeholder(key: str) -> int:
-    """The id a media item's positions hold inside the scheduler: negative, so never a token,
-    and equal for equal keys (``key``: hex digits of the item's hash)."""
-    return -1 - int(key[:15], 16)
 
 
 class MediaChunk:

@@ -1,5 +1,5 @@
 """Media items in the scheduler's prompts: each item's positions hold one negative id, its
-placeholder (media.py), so a prompt stays a list of ints that prefix reuse compares as
+placeholder (``placeholder``), so a prompt stays a list of ints that prefix reuse compares as
 it compares tokens. Text runs are prefilled in the step's shared batch; a media run is
 encoded by mtmd and its embeddings decoded into the slot's sequence on their own, between
 the text before and after it.
@@ -14,6 +14,12 @@ class MediaItem(Protocol):
     n: int  # positions it takes
 
     def decode(self, llama: Any, seq: int, pos: int) -> int: ...
+
+
+def placeholder(key: str) -> int:
+    """The id a media item's positions hold inside the scheduler: negative, so never a token,
+    and equal for equal keys (``key``: hex digits of the item's hash)."""
+    return -1 - int(key[:15], 16)
 
 
 def text_ahead(pending: list[int], most: int) -> int:

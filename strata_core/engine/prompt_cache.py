@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from strata_core.engine.speculative import common_prefix
-
 
 @dataclass
 class Saved:
@@ -77,3 +75,13 @@ def _nbytes(entry: Saved) -> int:
 
 def _starts_with(tokens: Sequence[int], prefix: Sequence[int]) -> bool:
     return len(prefix) <= len(tokens) and common_prefix(tokens, prefix) == len(prefix)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens a and b share."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x, y = np.asarray(a[:n]), np.asarray(b[:n])
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if len(diff) else n

@@ -40,14 +40,17 @@ def actor_options(cfg: Config, backends: set[str]) -> dict[str, Any]:
 def deployment_options(cfg: Config, backends: set[str]) -> dict[str, Any]:
     from ray.serve.config import RequestRouterConfig
 
+    from strata_core.engine.fit import AUTO_MOST
     from strata_core.scale.router import StrataRouter
 
     c = cfg.cluster
+    # before a replica's engine says how many slots "auto" gave it: AUTO_MOST on a GPU
+    slots = cfg.engine.parallel if isinstance(cfg.engine.parallel, int) else AUTO_MOST
     opts: dict[str, Any] = {
         "name": "StrataReplica",
         "ray_actor_options": actor_options(cfg, backends),
         # a replica queues beyond its engine's slots itself (continuous batching)
-        "max_ongoing_requests": max(4 * cfg.engine.parallel, 16),
+        "max_ongoing_requests": max(4 * slots, 16),
         "health_check_period_s": 2,
         "health_check_timeout_s": 30,
         "graceful_shutdown_timeout_s": 5,
@@ -55,7 +58,7 @@ def deployment_options(cfg: Config, backends: set[str]) -> dict[str, Any]:
     if c.routing != "least_loaded":
         opts["request_router_config"] = RequestRouterConfig(
             request_router_class=StrataRouter,  # type: ignore[arg-type]
-            request_router_kwargs={"policy": c.routing, "busy": cfg.engine.parallel},
+            request_router_kwargs={"policy": c.routing, "busy": slots},
         )
     if c.min_replicas is not None:
         opts["autoscaling_config"] = {

@@ -7,7 +7,7 @@ and the rest is decoded, in chunks when a prompt is longer than the batch. Draft
 runs up to k steps, each one ``llama_decode`` for every slot still drafting.
 
 A sampled request draws each proposal from q, the draft's row put through the request's
-own sampling chain, with the confidence gate (speculative.py) (``propose``: a refused draw
+own sampling chain, with the confidence gate (verify.py) (``propose``: a refused draw
 is NULL and ends the window); q travels with the proposal so the target can verify it
 with ``verify_window``. A greedy request drafts point masses (the draft's pick) and stops
 when the draft's own confidence in its pick is below the gate, since the target verifies
@@ -21,8 +21,9 @@ from typing import NamedTuple
 import numpy as np
 
 from strata_core.engine.llama import Batch, Llama
+from strata_core.engine.prompt_cache import common_prefix
 from strata_core.engine.sampler import adjust
-from strata_core.engine.speculative import NULL, Proposal, common_prefix, sampled_proposal
+from strata_core.engine.speculation.verify import NULL, Proposal, sampled_proposal
 from strata_core.options import SamplingParams
 
 

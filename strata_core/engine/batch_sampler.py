@@ -1,0 +1,143 @@
+"""One sampler call per step: every logits row of the step at once (sampler.py's chain).
+
+The rows of a step are a matrix; each row brings its request's parameters, its history,
+the position keying its Philox draw and, under a grammar, its mask. What is the same
+arithmetic for every row runs once over the matrix: the raw argmax of every plain row,
+then for the others logit bias, ``allowed``, penalties (one scatter each over all rows),
+the grammar masks (a row each), the "nothing permitted" check and the greedy picks (one
+argmax). A sampled row's cuts and draw run per row (sampler.truncate / sampler.draw), each
+with its own Philox uniform. Every value is computed by the same float32 / float64
+operations as sampler.sample on that row alone, so a token never depends on the rows
+beside it (tests/test_batch_sampler.py checks this row by row).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from strata_core.engine import philox
+from strata_core.engine.sampler import F32, draw, truncate
+from strata_core.options import SamplingParams
+
+
+class Row(NamedTuple):
+    """What one logits row is sampled with."""
+
+    params: SamplingParams
+    history: Sequence[int] | np.ndarray  # the tokens before it (penalties read their tail)
+    position: int  # keys the Philox draw
+    stream: int = 0
+    mask: npt.NDArray[np.bool_] | None = None  # True = permitted (a grammar's)
+
+
+class Sampled(NamedTuple):
+    tokens: npt.NDArray[np.int64]  # -1 where the row failed
+    errors: dict[int, str]  # row -> why no token could be sampled (the request's error)
+
+
+def sample_rows(logits: np.ndarray, rows: Sequence[Row | None]) -> Sampled:
+    """A token for each row of ``logits`` (n x n_vocab float32), as sampler.sample picks it;
+    a row given as None is not sampled (its token is -1)."""
+    n = len(rows)
+    tokens = np.full(n, -1, np.int64)
+    errors: dict[int, str] = {}
+    plain = np.fromiter((r is not None and r.params.plain and r.mask is None for r in rows), bool, n)
+    count = int(plain.sum())
+    if 2 * count >= n and count:  # the default request: one argmax over the raw rows
+        tokens[plain] = np.argmax(logits, axis=1)[plain]
+    elif count:  # few: a copy of their rows costs less than an argmax over all
+        tokens[plain] = np.argmax(logits[plain], axis=1)
+    rest = np.fromiter((i for i, r in enumerate(rows) if r is not None and not plain[i]), np.intp)
+    if rest.size:
+        _adjusted_rows(logits, [r for i in rest if (r := rows[i]) is not None], rest, tokens, errors)
+    return Sampled(tokens, errors)
+
+
+def _adjusted_rows(
+    logits: np.ndarray, rows: list[Row], index: npt.NDArray[np.intp], tokens: np.ndarray, errors: dict[int, str]
+) -> None:
+    """Bias, masks and penalties over the rows together, then each row's pick."""
+    x = np.array(logits[index], F32)  # a copy: the stages write to it
+    vocab = x.shape[1]
+    _add_bias(x, rows)
+    _keep_allowed(x, rows)
+    for i, r in enumerate(rows):
+        if r.mask is not None:
+            x[i] = np.where(r.mask, x[i], F32(-np.inf))
+    bad = _penalise(x, rows)
+    alive = x.max(axis=1) > -np.inf
+    greedy = np.fromiter((r.params.greedy for r in rows), bool, len(rows))
+    picks = np.argmax(x, axis=1) if greedy.any() else None
+    for i, r in enumerate(rows):
+        at = int(index[i])
+        if i in bad:
+            errors[at] = f"history holds a token id outside [0, {vocab})"
+        elif not alive[i]:
+            errors[at] = "no token is permitted: allowed / grammar mask / bias excluded all"
+        elif picks is not None and greedy[i]:
+            tokens[at] = picks[i]
+        else:
+            p = r.params
+            tokens[at] = draw(truncate(x[i], p), p.temperature, philox.uniform(p.seed, r.position, r.stream))
+
+
+def _scatter(rows: list[Row], ids_of: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(row, id) pairs flattened over the rows."""
+    counts = [len(ids) for ids in ids_of]
+    which = np.repeat(np.arange(len(rows)), counts)
+    ids = np.fromiter((i for ids in ids_of for i in ids), np.int64, sum(counts))
+    return which, ids
+
+
+def _add_bias(x: np.ndarray, rows: list[Row]) -> None:
+    biased = [r.params.bias for r in rows]
+    if not any(biased):
+        return
+    which, ids = _scatter(rows, [list(b.keys()) for b in biased])
+    x[which, ids] += np.fromiter((v for b in biased for v in b.values()), F32, ids.size)
+
+
+def _keep_allowed(x: np.ndarray, rows: list[Row]) -> None:
+    lists = [r.params.allowed for r in rows]
+    limited = [i for i, a in enumerate(lists) if a is not None]
+    if not limited:
+        return
+    keep = np.zeros((len(limited), x.shape[1]), bool)
+    which, ids = _scatter([rows[i] for i in limited], [lists[i] or () for i in limited])
+    keep[which, ids] = True
+    x[limited] = np.where(keep, x[limited], F32(-np.inf))
+
+
+def _penalise(x: np.ndarray, rows: list[Row]) -> set[int]:
+    """llama.cpp's repetition rule over each penalised row's window (sampler.apply_penalties);
+    the rows whose history holds an id outside the vocabulary, left as they were."""
+    vocab = x.shape[1]
+    windows: dict[int, np.ndarray] = {}
+    bad: set[int] = set()
+    for i, r in enumerate(rows):
+        p = r.params
+        if not p.penalised:
+            continue
+        w = np.asarray(r.history[-p.penalty_last_n :], np.int64)
+        if w.size and (w.min() < 0 or w.max() >= vocab):
+            bad.add(i)
+        elif w.size:
+            windows[i] = w
+    if not windows:
+        return bad
+    which = np.repeat(np.fromiter(windows, np.int64, len(windows)), [w.size for w in windows.values()])
+    keys, counts = np.unique(which * vocab + np.concatenate(list(windows.values())), return_counts=True)
+    r, ids = keys // vocab, keys % vocab
+    params = [rows[i].params for i in range(len(rows))]
+    rep = np.array([p.penalty_repeat for p in params], F32)[r]
+    freq = np.array([p.penalty_freq for p in params], F32)[r]
+    present = np.array([p.penalty_present for p in params], F32)[r]
+    v = x[r, ids]
+    v = np.where(v <= 0, v * rep, v / rep)
+    v -= counts.astype(F32) * freq + present
+    x[r, ids] = v
+    return bad

@@ -1,0 +1,107 @@
+"""Emission: what a sampled token does to its request (events out, stops, grammar, limits).
+
+The loop samples; ``Emitter.accept`` then checks the token against the request's stops,
+feeds the grammar, writes TOKEN (and LP) events, and ends the request at its limits.
+Ending a request (``finish``, ``fail``) frees its slot at once; its cache stays.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from strata_core import protocol as proto
+from strata_core.engine.llama import Llama
+from strata_core.engine.request import FIRST_ROWS, Request, Slot
+from strata_core.engine.sampler import processed_logprobs, top_logprobs
+
+Emit = Callable[[proto.Event], None]
+
+
+class Emitter:
+    def __init__(self, llama: Llama, emit: Emit, observe: Callable[[Request, int], None]) -> None:
+        self.llama = llama
+        self.emit = emit
+        self.observe = observe  # every emitted token, for speculation to learn from
+        self.emitted = 0  # tokens emitted so far (the step trace counts them)
+
+    def done(self, req: Request, reason: str) -> None:
+        now = time.perf_counter()
+        stats = {"prompt": str(len(req.prompt)), "cached": str(req.cached), "gen": str(req.generated)}
+        if req.spec_k:
+            stats.update(drafted=str(req.drafted), accepted=str(req.accepted))
+        if req.t_first:
+            stats["ttft_ms"] = f"{(req.t_first - req.t_arrive) * 1e3:.2f}"
+            stats["gen_ms"] = f"{(now - req.t_first) * 1e3:.2f}"
+        self.emit(proto.Done(req.rid, reason, stats))
+
+    def finish(self, slot: Slot, reason: str) -> None:
+        assert slot.req is not None
+        self.done(slot.req, reason)
+        slot.clear()
+
+    def fail(self, slot: Slot, message: str) -> None:
+        assert slot.req is not None
+        self.emit(proto.Error(slot.req.rid, message))
+        self.finish(slot, "error")
+
+    def mask(self, slot: Slot) -> tuple[bool, np.ndarray | None]:
+        """The grammar's mask before the slot's next sample (None without a grammar); False
+        when the grammar failed, which ends the request."""
+        req = slot.req
+        assert req is not None
+        if req.grammar is None:
+            return True, None
+        mask = req.grammar.mask()
+        if mask is None:
+            self.fail(slot, f"grammar failed: {req.grammar.error}")
+            return False, None
+        return True, mask
+
+    def accept(self, slot: Slot, row: np.ndarray, tok: int, mask: np.ndarray | None) -> int | None:
+        """Emit ``tok``, sampled from the logits ``row`` (under ``mask``) at the slot's next
+        position; the token, or None when it ended the request. A request's first row is
+        kept (``Slot.first``)."""
+        req = slot.req
+        assert req is not None
+        position = len(slot.cached)
+        if not req.generated and slot.first.get(position) is not row:
+            slot.first.pop(position, None)
+            slot.first[position] = row.copy()  # last in order: the latest prompt's
+            while len(slot.first) > FIRST_ROWS:
+                del slot.first[next(iter(slot.first))]
+        if not req.t_first:
+            req.t_first = time.perf_counter()
+        if tok in req.stop_ids or self.llama.is_eog(tok):
+            self.finish(slot, "stop")
+            return None
+        if req.grammar is not None and not req.grammar.consume(tok):
+            self.fail(slot, f"grammar refused token {tok}: {req.grammar.error}")
+            return None
+        self.emit(proto.Token(req.rid, tok))
+        self.emitted += 1
+        self.observe(req, tok)
+        if req.logprobs is not None:
+            self._logprobs(slot, row, tok, mask)
+        req.generated += 1
+        slot.last = tok
+        if req.grammar is not None and req.grammar.stopped:  # only end-of-generation may follow
+            self.finish(slot, "stop")
+            return None
+        if req.generated >= req.max_tokens or position + 1 >= self.llama.n_ctx:
+            self.finish(slot, "length")
+            return None
+        return tok
+
+    def _logprobs(self, slot: Slot, row: np.ndarray, tok: int, mask: np.ndarray | None) -> None:
+        req = slot.req
+        assert req is not None and req.logprobs is not None
+        params = req.params
+        if req.logprobs_processed:
+            history = slot.cached[-params.penalty_last_n :] if params.penalty_last_n else ()
+            lps, top = processed_logprobs(row, req.logprobs, params, history, mask)
+        else:
+            lps, top = top_logprobs(row, req.logprobs, params.allowed)
+        self.emit(proto.Logprob(req.rid, float(lps[tok]), tuple(top)))

@@ -1,0 +1,268 @@
+"""The engine loop: each step is schedule -> run -> sample -> emit.
+
+The scheduler (scheduler.py) decides what runs: admission, prefill chunks, which slots
+decode together. Speculation (speculation/) proposes windows for the decoding slots. The
+runner (runner.py) builds the llama.cpp batches, decodes them and hands back the logits
+rows as a matrix. One sampler call (batch_sampler.py) picks a token for every row of the
+decode, then the emitter (emitter.py) applies them in order: a window's rows are judged by
+speculation through the sampled tokens, so it reads the same with speculation off.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from strata_core import protocol as proto
+from strata_core.engine.batch_sampler import Row, Sampled, sample_rows
+from strata_core.engine.emitter import Emit, Emitter
+from strata_core.engine.llama import Llama
+from strata_core.engine.request import Request, Slot
+from strata_core.engine.runner import Rows, Runner
+from strata_core.engine.scheduler import Scheduler
+from strata_core.engine.speculation.drafter import DraftModel
+from strata_core.engine.speculation.policy import Speculator, Windows
+from strata_core.engine.speculation.verify import Proposal
+
+Trace = Callable[[dict[str, Any]], None]
+
+
+class Engine:
+    def __init__(
+        self, llama: Llama, emit: Emit, drafter: DraftModel | None = None, adaptive: bool = True,
+        saved_bytes: int = 0, shape_costs: bool = False, trace: Trace | None = None,
+    ) -> None:  # fmt: skip
+        self.llama = llama
+        self.runner = Runner(llama, shape_costs, count_parts=trace is not None)
+        self.emitter = Emitter(llama, emit, self._observe)
+        self.scheduler = Scheduler(llama, self.emitter, saved_bytes)
+        self.spec = Speculator(llama, self.scheduler.slots, drafter, adaptive, shape_costs)
+        self.trace = trace  # one record a step (timings, rows, micro-batches), when given
+        self._step: dict[str, Any] | None = None  # the step that ran last, until timed
+        self._t_step = 0.0  # when it started
+        self._emitted0 = 0  # tokens emitted before it
+
+    # ---- what the process calls ------------------------------------------------------
+
+    @property
+    def slots(self) -> list[Slot]:
+        return self.scheduler.slots
+
+    @property
+    def busy(self) -> bool:
+        return self.scheduler.busy
+
+    def submit(self, req: Request) -> None:
+        self.scheduler.submit(req)
+
+    def cancel(self, rid: str) -> bool:
+        return self.scheduler.cancel(rid)
+
+    def save_idle(self) -> bool:
+        return self.scheduler.save_idle()
+
+    def fail_all(self, message: str) -> None:
+        """After a failed decode: every request in a slot ends with ``message``, and every
+        slot forgets its cache."""
+        for slot in self.slots:
+            if slot.req is not None:
+                self.emitter.emit(proto.Error(slot.req.rid, message))
+                self.emitter.finish(slot, "error")
+        self.scheduler.release_all()
+
+    # ---- one step -------------------------------------------------------------------
+
+    def step(self) -> None:
+        """One step: prompt chunks in one ``llama_decode``, then one token (or one
+        speculative window) per decoding slot in a second.
+
+        Decode rows never share a batch with prompt chunks, so a generated token's row is
+        computed the same way whatever else is prefilling. A prompt's first token is
+        sampled from its last chunk's last row, so it comes in the step that prefills that
+        chunk; a prompt cached whole with the row that gave its first token before takes
+        it from that row, at the start of a step (``Slot.first``).
+        """
+        t_step = time.perf_counter()
+        self._timed(t_step)
+        sched = self.scheduler
+        sched.admit()
+        sched.media()
+        decoding = sched.decoding()
+        windows = self.spec.propose(decoding, sched.waiting_first())
+        record: dict[str, Any] = {"t": t_step, "n": len(decoding), "allowed": windows.allowed, "emitted": 0}
+        if windows.guarded:
+            record["guarded"] = True
+        self._step = record
+        self._emitted0 = self.emitter.emitted
+        for slot in sched.cached_whole():
+            self.sample_one(slot, slot.first[len(slot.cached)])
+        budget = self.runner.capacity - sum(windows.rows(s) for s in decoding)
+        chunks, firsts = sched.prefill(budget, decoding)
+        self._prefill(chunks, firsts)
+        for chunk in sched.isolated(self.runner.capacity, decoding):
+            self._prefill([chunk], [])
+        self._t_step = t_step
+        for group in sched.groups(decoding):
+            self._decode_rows(group, windows)
+        if not self.busy:  # nothing runs next: the step ends here, not at the next one
+            self._timed(time.perf_counter())
+
+    def _prefill(self, chunks: list[Any], firsts: list[Slot]) -> None:
+        """Decode prompt chunks and sample the first tokens their last rows give."""
+        if not chunks:
+            return
+        logits, rows, secs = self.runner.prefill(chunks)
+        self.scheduler.learn_prefill(rows, secs)
+        if (record := self._step) is not None and rows:
+            record["prefill_rows"] = record.get("prefill_rows", 0) + rows
+            record["prefill_ms"] = record.get("prefill_ms", 0.0) + secs * 1e3
+        for slot in firsts:
+            assert slot.last is not None
+            slot.cached.append(slot.last)
+        if firsts:
+            self._sample_emit(firsts, logits)
+
+    def _sample_emit(self, slots: list[Slot], logits: np.ndarray) -> None:
+        """One row each (in order): sample them in one call, then emit."""
+        masks = [self.emitter.mask(s) for s in slots]
+        rows = [self._row(s, mask) if ok else None for s, (ok, mask) in zip(slots, masks, strict=True)]
+        out = sample_rows(logits, rows)
+        for i, (slot, (ok, mask)) in enumerate(zip(slots, masks, strict=True)):
+            if ok:
+                self.emit_row(slot, logits[i], out, i, mask)
+
+    def sample_one(self, slot: Slot, row: np.ndarray, chosen: int | None = None) -> int | None:
+        """Sample one row for the slot (or take ``chosen``, drawn from it) and emit it."""
+        ok, mask = self.emitter.mask(slot)
+        if not ok:
+            return None
+        if chosen is not None:
+            return self.emitter.accept(slot, row, chosen, mask)
+        return self.emit_row(slot, row, sample_rows(row[None, :], [self._row(slot, mask)]), 0, mask)
+
+    def _row(self, slot: Slot, mask: np.ndarray | None, ahead: list[int] | None = None) -> Row:
+        """How the slot's next row is sampled; ``ahead``: window drafts before the row,
+        taken as kept (the row is only reached if they are)."""
+        req = slot.req
+        assert req is not None
+        params, ahead = req.params, ahead or []
+        last_n = params.penalty_last_n
+        history = (slot.cached + ahead)[-last_n:] if last_n and params.penalised else ()
+        return Row(params, history, len(slot.cached) + len(ahead), 0, mask)
+
+    def emit_row(self, slot: Slot, row: np.ndarray, out: Sampled, i: int, mask: np.ndarray | None) -> int | None:
+        if i in out.errors:  # nothing permitted: this request's problem, not the batch's
+            self.emitter.fail(slot, out.errors[i])
+            return None
+        return self.emitter.accept(slot, row, int(out.tokens[i]), mask)
+
+    def _observe(self, req: Request, token: int) -> None:
+        self.spec.observe(req, token)
+
+    def _timed(self, now: float) -> None:
+        """Close the last step's record: its wall time runs to ``now`` (the next step's start,
+        so what the engine does between steps counts); the guard learns from it."""
+        record, self._step = self._step, None
+        if record is None:
+            return
+        record["emitted"] = self.emitter.emitted - self._emitted0
+        secs = now - self._t_step
+        if record.get("guarded"):
+            self.spec.learn_guarded(int(record["n"]), int(record["emitted"]), secs)
+        if self.trace is not None:
+            record["step_ms"] = secs * 1e3
+            self.trace(record)
+
+    def _decode_rows(self, group: list[Slot], windows: Windows) -> None:
+        """One ``llama_decode`` of the group's last tokens (with their windows), then
+        sample them: logits only live until the next decode."""
+        t0 = time.perf_counter()
+        drafts = windows.drafts
+        rows = [Rows(s.seq, [s.last, *drafts.get(s.seq, Proposal()).offered], len(s.cached))  # type: ignore[list-item]
+                for s in group]  # fmt: skip
+        fill = self.runner.gaps(self.slots, group, {s.seq: windows.rows(s) for s in group})
+        decoded = self.runner.decode(rows, fill)
+        # On a GPU the step is still computing: index the last tokens meanwhile.
+        self.spec.index(group)
+        t1 = time.perf_counter()
+        logits = self.runner.logits()  # waits for the device
+        t2 = time.perf_counter()
+        self._judge(sorted(group, key=lambda s: s.seq), drafts, logits, decoded.first)
+        t3 = time.perf_counter()
+        # On a GPU a step split into micro-batches costs more than its rows say (no graph
+        # replays for any part): it is not a price for that many rows in one batch.
+        if decoded.parts == 1 or not self.spec.shape_costs:
+            self.spec.learn_step(decoded.rows, t3 - t0, decoded.steady)
+        if self.trace is not None and (record := self._step) is not None:
+            windowed = [drafts[s.seq] for s in group if s.seq in drafts and drafts[s.seq].tokens]
+            record["rows"] = record.get("rows", 0) + decoded.rows
+            record["seqs"] = sorted(record.get("seqs", []) + [slot.seq for slot in group])  # the decoding slots
+            record["micro_batches"] = record.get("micro_batches", 0) + decoded.parts
+            record["windows"] = record.get("windows", 0) + len(windowed)
+            record["filler"] = record.get("filler", 0) + sum(p.filler for p in windowed)
+            record["steady"] = decoded.steady
+            for key, secs in (("decode_ms", t1 - t0), ("wait_ms", t2 - t1), ("verify_ms", t3 - t2)):
+                record[key] = record.get(key, 0.0) + secs * 1e3
+
+    def _judge(self, group: list[Slot], drafts: dict[int, Proposal], logits: np.ndarray, first: dict[int, int]) -> None:
+        """Sample every row of the decode in one call, then emit slot by slot in batch
+        order, speculation judging each window. A window under a grammar (whose mask at a
+        row follows the tokens kept before it) or from the draft model samples row by row."""
+        rows: list[Row | None] = [None] * len(logits)
+        masks: dict[int, np.ndarray | None] = {}
+        alive: list[Slot] = []
+        for slot in group:
+            assert slot.last is not None
+            slot.cached.append(slot.last)
+            prop = drafts.get(slot.seq, Proposal())
+            alive.append(slot)
+            if prop.q_rows is not None or (prop.tokens and slot.req is not None and slot.req.grammar is not None):
+                continue  # sampled row by row (Stepwise)
+            ok, mask = self.emitter.mask(slot)
+            if not ok:
+                alive.pop()
+                continue
+            masks[slot.seq] = mask
+            at = first[slot.seq]
+            for j in range(len(prop.tokens) + 1):
+                rows[at + j] = self._row(slot, mask if j == 0 else None, prop.tokens[:j])
+        out = sample_rows(logits, rows)
+        for slot in alive:
+            prop, at = drafts.get(slot.seq, Proposal()), first[slot.seq]
+            if slot.seq in masks:
+                self.spec.judge(slot, prop, Presampled(self, slot, logits, at, out, masks[slot.seq]))
+            else:
+                self.spec.judge(slot, prop, Stepwise(self, slot, logits, at))
+
+
+class Presampled:
+    """A window's rows sampled already (in the step's one sampler call)."""
+
+    def __init__(self, engine: Engine, slot: Slot, logits: np.ndarray, at: int, out: Sampled,
+                 mask: np.ndarray | None) -> None:  # fmt: skip
+        self.engine, self.slot, self._logits, self.at, self.out, self.mask = engine, slot, logits, at, out, mask
+
+    def logits(self, j: int) -> np.ndarray:
+        return self._logits[self.at + j]
+
+    def take(self, j: int, chosen: int | None = None) -> int | None:
+        assert chosen is None
+        return self.engine.emit_row(self.slot, self._logits[self.at + j], self.out, self.at + j,
+                                     self.mask if j == 0 else None)  # fmt: skip
+
+
+class Stepwise:
+    """A window's rows sampled one at a time, each under the grammar's mask of the tokens
+    kept before it (or taking the draft model's verifier's choice)."""
+
+    def __init__(self, engine: Engine, slot: Slot, logits: np.ndarray, at: int) -> None:
+        self.engine, self.slot, self._logits, self.at = engine, slot, logits, at
+
+    def logits(self, j: int) -> np.ndarray:
+        return self._logits[self.at + j]
+
+    def take(self, j: int, chosen: int | None = None) -> int | None:
+        return self.engine.sample_one(self.slot, self._logits[self.at + j], chosen)

@@ -1,0 +1,71 @@
+"""Per-request state: a ``Request`` as submitted and what it has produced, and the
+``Slot`` (one llama.cpp sequence) it runs in, with the tokens whose KV that sequence holds."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from strata_core.engine.grammar import GrammarMatcher
+from strata_core.engine.media_runs import MediaItem
+from strata_core.engine.sampler import SamplingParams
+from strata_core.engine.speculation.cost import Acceptance, Shadow
+from strata_core.engine.speculation.ngram import NgramIndex
+
+
+@dataclass
+class Request:
+    rid: str
+    prompt: list[int]
+    params: SamplingParams
+    max_tokens: int
+    stop_ids: frozenset[int]
+    logprobs: int | None
+    logprobs_processed: bool = False  # report the sampled-from distribution, not the raw one
+    generated: int = 0
+    cached: int = 0
+    spec_k: int = 0  # most tokens a window may propose; 0 = no speculation
+    spec_draft: bool = False  # windows come from the draft model, not n-gram lookup
+    #: decoded in a batch of its own and without windows, so its numerics never depend on
+    #: what else runs (exact seeded replay on backends whose kernels follow batch shape)
+    isolate: bool = False
+    grammar: GrammarMatcher | None = None  # constrained decoding: the mask before each sample
+    media: dict[int, MediaItem] = field(default_factory=dict)  # the prompt's media items, by placeholder
+    drafted: int = 0
+    accepted: int = 0
+    acceptance: Acceptance = field(default_factory=Acceptance)  # of n-gram drafts, real or shadow
+    shadow: Shadow | None = None  # an n-gram draft recorded instead of decoded
+    ngrams: NgramIndex | None = None  # n-gram speculation: the prompt and emitted tokens
+    t_arrive: float = field(default_factory=time.perf_counter)
+    t_first: float = 0.0
+
+
+@dataclass
+class Slot:
+    seq: int
+    cached: list[int] = field(default_factory=list)  # tokens whose KV is in this sequence
+    req: Request | None = None
+    pending: list[int] = field(default_factory=list)  # prompt tokens still to decode
+    last: int | None = None  # sampled, not yet decoded
+    reused: bool = False  # its request started from a cached prefix worth keeping, and no copy was made since
+    spec_wait: int = 0  # draft model: decode steps left before this slot drafts again
+    spec_misses: int = 0  # draft model: windows in a row that accepted nothing
+    #: by prompt length, the logits row that gave a request on this cache its first token,
+    #: while the cache holds that prompt: the same prompt again samples its first token
+    #: from it, computing nothing and exactly as the first time
+    first: dict[int, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def decoding(self) -> bool:
+        """Its request's prompt is in and a sampled token waits to be decoded."""
+        return self.req is not None and self.last is not None and not self.pending
+
+    def clear(self) -> None:
+        """The request leaves the slot (its cache stays)."""
+        self.req, self.pending, self.last = None, [], None
+
+
+#: First-token rows a cache keeps (Slot.first), the latest prompts'.
+FIRST_ROWS = 4

@@ -1,0 +1,107 @@
+"""The batched sampler (one call over a step's rows) against sampler.sample, row by row.
+
+Rows of a step carry every parameter combination at once, beside each other: a token must
+be the one sampler.sample picks for that row alone, and a row that cannot be sampled
+must fail alone, with sample's message.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from strata_core.engine.batch_sampler import Row, sample_rows
+from strata_core.engine.sampler import sample
+from strata_core.options import SamplingParams
+
+VOCAB = 1200  # above the lazy walk's first block (256), so top_p and draws widen it
+
+
+def _params(draw: st.DrawFn, vocab: int) -> SamplingParams:
+    ids = st.integers(0, vocab - 1)
+    return SamplingParams(
+        temperature=draw(st.sampled_from([0.0, 0.3, 1.0, 2.5])),
+        top_k=draw(st.sampled_from([0, 1, 5, 40, 300])),
+        top_p=draw(st.sampled_from([1.0, 0.9, 0.5, 0.05])),
+        min_p=draw(st.sampled_from([0.0, 0.05, 0.3])),
+        penalty_repeat=draw(st.sampled_from([1.0, 1.3, 0.8])),
+        penalty_freq=draw(st.sampled_from([0.0, 0.5, -0.25])),
+        penalty_present=draw(st.sampled_from([0.0, 0.75])),
+        penalty_last_n=draw(st.sampled_from([0, 8, 64])),
+        seed=draw(st.integers(0, 2**64 - 1)),
+        bias=draw(st.dictionaries(ids, st.sampled_from([-np.inf, -3.0, 0.5, 9.0]), max_size=4)),
+        allowed=draw(st.none() | st.lists(ids, min_size=1, max_size=30).map(tuple)),
+    )
+
+
+@st.composite
+def steps(draw: st.DrawFn) -> tuple[np.ndarray, list[Row]]:
+    """A step's logits matrix and its rows: plain ones beside every combination."""
+    n = draw(st.integers(1, 6))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    scale = draw(st.sampled_from([0.5, 2.0]))
+    x = rng.normal(0.0, scale, (n, VOCAB)).astype(np.float32)
+    if draw(st.booleans()):  # ties at every cut
+        x = (np.round(x * 2) / 2).astype(np.float32)
+    rows = []
+    for _ in range(n):
+        params = SamplingParams() if draw(st.booleans()) else _params(draw, VOCAB)
+        history = rng.integers(0, VOCAB, draw(st.integers(0, 80))).tolist()
+        if draw(st.integers(0, 20)) == 0:
+            history.append(VOCAB + 5)  # out of range: that row fails, when penalised
+        mask = None
+        if draw(st.booleans()):
+            mask = rng.random(VOCAB) < draw(st.sampled_from([0.0, 0.002, 0.3, 1.0]))
+        rows.append(Row(params, history, draw(st.integers(0, 5000)), draw(st.integers(0, 3)), mask))
+    return x, rows
+
+
+def _one(logits: np.ndarray, r: Row) -> int | str:
+    try:
+        return sample(logits, r.params, r.history, r.position, r.stream, r.mask)
+    except ValueError as exc:
+        return str(exc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps())
+def test_batched_rows_are_the_per_row_tokens(step: tuple[np.ndarray, list[Row]]) -> None:
+    x, rows = step
+    out = sample_rows(x, rows)
+    got = [out.errors[i] if i in out.errors else int(out.tokens[i]) for i in range(len(rows))]
+    assert got == [_one(x[i], r) for i, r in enumerate(rows)]
+
+
+def test_the_fixture_sees_each_stage() -> None:
+    """Each stage the batch applies changes a token somewhere (a test that can fail)."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(0.0, 1.0, (1, VOCAB)).astype(np.float32)
+    top = int(np.argmax(x[0]))
+    history = [top] * 4
+    variants = {
+        "bias": SamplingParams(bias={top: -np.inf}),
+        "allowed": SamplingParams(allowed=(3, 4)),
+        "penalty": SamplingParams(penalty_repeat=50.0, penalty_last_n=8),
+        "sampled": SamplingParams(temperature=5.0, seed=3),
+    }
+    for name, params in variants.items():
+        got = int(sample_rows(x, [Row(params, history, 11)]).tokens[0])
+        assert got != top, name
+        assert got == sample(x[0], params, history, 11), name
+    mask = np.zeros(VOCAB, bool)
+    mask[7] = True
+    assert sample_rows(x, [Row(SamplingParams(), (), 0, 0, mask)]).tokens[0] == 7
+
+
+@pytest.mark.parametrize("plain_rows", [64, 48])
+def test_a_large_step_matches(plain_rows: int) -> None:
+    """A 64-row step on the default model's vocabulary: plain rows with sampled ones among them."""
+    rng = np.random.default_rng(plain_rows)
+    x = rng.normal(0.0, 2.0, (64, 49_152)).astype(np.float32)
+    sampled = SamplingParams(temperature=0.8, top_p=0.95, top_k=40, seed=9)
+    rows = [Row(SamplingParams() if i < plain_rows else sampled, (), 100 + i) for i in range(64)]
+    out = sample_rows(x, rows)
+    assert not out.errors
+    assert out.tokens.tolist() == [sample(x[i], r.params, r.history, r.position) for i, r in enumerate(rows)]
