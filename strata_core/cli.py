@@ -17,7 +17,7 @@ from strata_core.build import (
     strata_home,
 )
 from strata_core.config import Config, ConfigError, load_config
-from strata_core.models import ModelError, resolve_model
+from strata_core.models import ModelError, mmproj_path, projector_inputs, resolve_model
 from strata_core.plugins import BackendError, Registry, load_registry, select_backend
 
 
@@ -87,6 +87,7 @@ def _config(args: argparse.Namespace) -> Config:
             "model": getattr(args, "model", None),
             "parallel": getattr(args, "parallel", None),
             "n_ctx": getattr(args, "n_ctx", None),
+            "mmproj": getattr(args, "mmproj", None),
         },
         "server": {"host": getattr(args, "host", None), "port": getattr(args, "port", None)},
         "cluster": {"replicas": getattr(args, "replicas", None)},
@@ -147,6 +148,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             return 0
         m = resolve_model(cfg.engine.model)
         print(f"model: {m.id} ({m.path})")
+        mmproj = mmproj_path(cfg.engine.mmproj) if cfg.engine.mmproj else None
+        print(f"  inputs: {', '.join(projector_inputs(mmproj))}" + (f" (projector {mmproj})" if mmproj else ""))
     except ModelError as exc:
         print(f"model: {exc}")
     return 0
@@ -319,6 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parallel", help="parallel slots, or auto (as many as the GPU's free memory holds)")
     p.add_argument("--n-ctx", type=int, help="context per slot")
     p.add_argument("--draft-model", help='speculate with this draft GGUF (sets [speculative] mode = "draft")')
+    p.add_argument("--mmproj", help="the model's multimodal projector GGUF: it takes images (and audio)")
     p.add_argument("--replicas", type=int,
                    help="serve through this many Ray Serve replicas, one engine each (needs "
                         "strata[ray]; sets [cluster] replicas)")  # fmt: skip

@@ -59,6 +59,15 @@ class ServerConfig(_Section):
     #: Serve every model in the hub's cache too (``strata models``; pulled ones included),
     #: each loaded on its first request, under max_loaded and idle_ttl_s.
     catalog: bool = False
+    #: Most media items (images, audio clips) one request may carry.
+    max_media_per_request: int = Field(default=8, ge=0)
+    #: Whether image and audio parts may name an http(s) URL the server fetches; off, only
+    #: data URLs (base64) are taken.
+    fetch_media: bool = False
+    #: Largest media item fetched from a URL, in bytes.
+    fetch_media_max_bytes: int = Field(default=20 << 20, ge=1024)
+    #: Seconds a media fetch may take, redirects included.
+    fetch_media_timeout: float = Field(default=10.0, gt=0)
 
 
 #: The KV cache types llama.cpp takes (its ``--cache-type-k`` / ``-v`` names).
@@ -149,6 +158,9 @@ class EngineConfig(_Section):
     llama_cpp: str | None = None
     #: A Jinja chat template file used instead of the one the GGUF carries (or lacks).
     chat_template: str | None = None
+    #: The model's multimodal projector (an ``mmproj`` GGUF, llama-server's ``--mmproj``):
+    #: with it the model takes images (and audio, where the projector encodes it).
+    mmproj: str | None = None
 
     @field_validator("parallel", mode="before")
     @classmethod
@@ -258,6 +270,7 @@ class ModelConfig(_Section):
     parallel: int | Literal["auto"] | None = None
     n_ctx: int | None = Field(default=None, ge=64, le=1 << 20)
     threads: int | None = Field(default=None, ge=1, le=1024)
+    mmproj: str | None = None  # its multimodal projector GGUF ([engine] mmproj)
     speculative: SpeculativeConfig | None = None
     #: LoRA adapters loaded with this model (else [engine] lora): [{path, scale, name}]
     lora: list[LoraAdapter] | None = None
@@ -333,7 +346,7 @@ class Config(_Section):
         (and over [speculative] when it has its own)."""
         m = self.models[name]
         engine = {"model": m.path, "backend": m.backend, "parallel": m.parallel, "n_ctx": m.n_ctx,
-                  "threads": m.threads, "chat_template": m.chat_template, "lora": m.lora}  # fmt: skip
+                  "threads": m.threads, "chat_template": m.chat_template, "lora": m.lora, "mmproj": m.mmproj}  # fmt: skip
         update = {k: v for k, v in engine.items() if v is not None}
         out = self.model_copy(update={"engine": self.engine.model_copy(update=update), "models": {}})
         if m.speculative is not None:

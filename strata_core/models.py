@@ -51,15 +51,40 @@ def resolve_model(name: str) -> ResolvedModel:
         return ResolvedModel(f"{pulled.ref.repo}:{pulled.quant}", pulled.path, pulled.mmproj)
     if name.lower() in ALIASES:
         return ResolvedModel(DEFAULT_ALIAS, default_model_path())
+    path = _gguf_file(name, "model", f" (and not an alias: {', '.join(sorted(ALIASES))})")
+    return ResolvedModel(Path(name).expanduser().stem, path)
+
+
+def mmproj_path(name: str) -> Path:
+    """A multimodal projector's GGUF file (``[engine] mmproj``), checked to be one."""
+    return _gguf_file(name, "mmproj")
+
+
+def projector_inputs(path: Path | None) -> list[str]:
+    """What a model takes with the projector at ``path`` (None: none): text, and image and
+    audio where the projector's GGUF says it has that encoder."""
+    if path is None:
+        return ["text"]
+    import gguf
+
+    fields = gguf.GGUFReader(path).fields
+
+    def flag(key: str) -> bool:
+        field = fields.get(key)
+        return bool(field is not None and field.contents())
+
+    return ["text"] + [k for k in ("image", "audio") if flag(f"clip.has_{'vision' if k == 'image' else k}_encoder")]
+
+
+def _gguf_file(name: str, what: str, hint: str = "") -> Path:
     path = Path(name).expanduser()
     try:
         with open(path, "rb") as fh:
             magic = fh.read(4)
     except FileNotFoundError:
-        known = ", ".join(sorted(ALIASES))
-        raise ModelError(f"model {name!r}: no such file (and not an alias: {known})") from None
+        raise ModelError(f"{what} {name!r}: no such file{hint}") from None
     except OSError as exc:
-        raise ModelError(f"model {name!r}: cannot read {path}: {exc.strerror}") from None
+        raise ModelError(f"{what} {name!r}: cannot read {path}: {exc.strerror}") from None
     if magic != GGUF_MAGIC:
-        raise ModelError(f"model {name!r}: {path} is not a GGUF file (magic {magic!r})")
-    return ResolvedModel(path.stem, path.resolve())
+        raise ModelError(f"{what} {name!r}: {path} is not a GGUF file (magic {magic!r})")
+    return path.resolve()

@@ -27,6 +27,13 @@ What the design leaves open is settled here:
 * ``EMBED <rid> <id> ...``: one input's token ids (at least one), for its pooled
   embedding; answered ``EMBEDDING <rid> <b64>``, the vector as float32 little-endian, every
   value finite (an engine that computed NaN or infinity says so with ``ERR`` instead).
+* ``MTOKENIZE <rid> <part> ...``: a prompt with media, each part ``t:<b64 of UTF-8 text>``
+  (special tokens' text read as those tokens) or ``m:<b64 of a media file>`` (an image or
+  audio clip as sent: PNG, JPEG, WAV, MP3 ...), in order; answered ``MTOKENS <rid> <spans>
+  <id> ...``: the prompt's ids, 0 at each media position, and ``<spans>`` = ``-`` or
+  ``<key>:<pos>:<n>,...``, one per media item: the hex key of its bytes, its first position,
+  how many it takes (or ``ERR <rid>`` when an item does not decode). ``GEN`` names the items
+  in its prompt with ``media=<spans>``, as answered.
 * ``READY`` carries a JSON object, written compactly (``ensure_ascii``, so one ASCII line).
 * A GEN value that is free text (a grammar) travels as base64 of its UTF-8 bytes behind a
   ``<kind>:`` tag, so spaces, line breaks, ``=`` and non-ASCII round-trip:
@@ -93,6 +100,12 @@ class Tokenize:
 
 
 @dataclass(frozen=True, slots=True)
+class MediaTokenize:
+    rid: str
+    parts: tuple[tuple[str, bytes], ...]  # ("text", UTF-8 bytes) or ("media", file bytes)
+
+
+@dataclass(frozen=True, slots=True)
 class VocabRequest:
     rid: str
 
@@ -108,7 +121,7 @@ class Quit:
     pass
 
 
-Command: TypeAlias = Gen | Cancel | Tokenize | VocabRequest | Embed | Quit
+Command: TypeAlias = Gen | Cancel | Tokenize | MediaTokenize | VocabRequest | Embed | Quit
 
 # --- events, engine -> server ------------------------------------------------------------
 
@@ -145,6 +158,20 @@ class Tokens:
 
 
 @dataclass(frozen=True, slots=True)
+class MediaSpan:
+    key: str  # hex digits of the item's hash
+    pos: int  # the prompt position of its first token
+    n: int  # positions it takes
+
+
+@dataclass(frozen=True, slots=True)
+class MediaTokens:
+    rid: str
+    ids: tuple[int, ...]
+    spans: tuple[MediaSpan, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Vocab:
     rid: str
     pieces: tuple[bytes, ...]
@@ -168,7 +195,7 @@ class Warn:
     message: str
 
 
-Event: TypeAlias = Ready | Token | Logprob | Done | Tokens | Vocab | Embedding | Error | Warn
+Event: TypeAlias = Ready | Token | Logprob | Done | Tokens | MediaTokens | Vocab | Embedding | Error | Warn
 
 # --- fields: each checker returns the value or raises ProtocolError(what was wrong) -------
 
@@ -335,6 +362,33 @@ def _unpack_floats(data: bytes) -> tuple[float, ...]:
     return floats
 
 
+_HEX = frozenset("0123456789abcdef")
+_PART_KINDS = {"t": "text", "m": "media"}
+
+
+def encode_spans(spans: Iterable[MediaSpan]) -> str:
+    """Media spans as ``MTOKENS`` and ``GEN media=`` write them (``-``: none)."""
+    out = []
+    for sp in spans:
+        if not (sp.key and _HEX.issuperset(sp.key)) or sp.pos < 0 or sp.n < 1:
+            raise ProtocolError(f"bad media span {sp!r} (expected a hex key, pos >= 0, n >= 1)")
+        out.append(f"{sp.key}:{int(sp.pos)}:{int(sp.n)}")
+    return ",".join(out) or _EMPTY_B64
+
+
+def parse_spans(field: str) -> tuple[MediaSpan, ...]:
+    if field == _EMPTY_B64:
+        return ()
+    spans = []
+    for item in field.split(","):
+        key, _, rest = item.partition(":")
+        pos, _, n = rest.partition(":")
+        if not (key and _HEX.issuperset(key)):
+            raise ProtocolError(f"bad media span {item!r} (expected <hex key>:<pos>:<n>)")
+        spans.append(MediaSpan(key, _uint(pos), _uint(n)))
+    return tuple(spans)
+
+
 def _strip_eol(line: str) -> str:
     if line.endswith("\n"):
         line = line[:-1]
@@ -368,6 +422,8 @@ def _encode_event(ev: Event) -> str:
         return " ".join(["DONE", _rid(ev.rid), ev.reason, *(_pair(*kv) for kv in ev.stats.items())])
     if isinstance(ev, Tokens):
         return f"TOKENS {_rid(ev.rid)} {_ids(ev.ids)}".rstrip(" ")
+    if isinstance(ev, MediaTokens):
+        return f"MTOKENS {_rid(ev.rid)} {encode_spans(ev.spans)} {_ids(ev.ids)}".rstrip(" ")
     if isinstance(ev, Vocab):
         return f"VOCAB {_rid(ev.rid)} {_b64(_pack_pieces(ev.pieces))}"
     if isinstance(ev, Embedding):
@@ -390,6 +446,10 @@ def _encode_command(cmd: Command) -> str:
     if isinstance(cmd, Tokenize):
         flag = " special=1" if cmd.special else ""
         return f"TOKENIZE {_rid(cmd.rid)} {_b64(cmd.text.encode('utf-8'))}{flag}"
+    if isinstance(cmd, MediaTokenize):
+        tags = {v: k for k, v in _PART_KINDS.items()}
+        parts = " ".join(f"{tags[kind]}:{_b64(data)}" for kind, data in cmd.parts)
+        return f"MTOKENIZE {_rid(cmd.rid)} {parts}".rstrip(" ")
     if isinstance(cmd, VocabRequest):
         return f"VOCAB {_rid(cmd.rid)}"
     if isinstance(cmd, Embed):
@@ -443,6 +503,11 @@ def _parse_tokens(line: str, parts: list[str]) -> Tokens:
     return Tokens(_rid(parts[1]), _uints(parts[2:]))
 
 
+def _parse_media_tokens(line: str, parts: list[str]) -> MediaTokens:
+    _fields(parts, 3, "MTOKENS <rid> <spans> [<id> ...]", at_least=True)
+    return MediaTokens(_rid(parts[1]), _uints(parts[3:]), parse_spans(parts[2]))
+
+
 def _parse_vocab(line: str, parts: list[str]) -> Vocab:
     _fields(parts, 3, "VOCAB <rid> <b64>")
     return Vocab(_rid(parts[1]), _unpack_pieces(_unb64(parts[2])))
@@ -480,6 +545,7 @@ def _parse_ready(line: str, parts: list[str]) -> Ready:
 _EVENT_PARSERS: dict[str, Callable[[str, list[str]], Event]] = {
     "DONE": _parse_done,
     "TOKENS": _parse_tokens,
+    "MTOKENS": _parse_media_tokens,
     "VOCAB": _parse_vocab,
     "EMBEDDING": _parse_embedding,
     "ERR": _parse_message,
@@ -531,6 +597,17 @@ def _parse_tokenize(parts: list[str]) -> Tokenize:
     return Tokenize(_rid(parts[1]), text, parts[3:] == ["special=1"])
 
 
+def _parse_media_tokenize(parts: list[str]) -> MediaTokenize:
+    _fields(parts, 2, "MTOKENIZE <rid> [t:<b64> | m:<b64> ...]", at_least=True)
+    out = []
+    for item in parts[2:]:
+        tag, sep, data = item.partition(":")
+        if not sep or tag not in _PART_KINDS:
+            raise ProtocolError(f"bad MTOKENIZE part {_clip(item)!r} (expected t:<b64> or m:<b64>)")
+        out.append((_PART_KINDS[tag], _unb64(data)))
+    return MediaTokenize(_rid(parts[1]), tuple(out))
+
+
 def parse_command(line: str) -> Command:
     """Parse one line from the server; raise ProtocolError if it is malformed."""
     parts = line.split()
@@ -544,6 +621,8 @@ def parse_command(line: str) -> Command:
             return Cancel(_rid(_fields(parts, 2, "CANCEL <rid>")[1]))
         if verb == "TOKENIZE":
             return _parse_tokenize(parts)
+        if verb == "MTOKENIZE":
+            return _parse_media_tokenize(parts)
         if verb == "VOCAB":
             return VocabRequest(_rid(_fields(parts, 2, "VOCAB <rid>")[1]))
         if verb == "EMBED":
@@ -553,7 +632,7 @@ def parse_command(line: str) -> Command:
             _fields(parts, 1, "QUIT")
             return Quit()
         raise ProtocolError(
-            f"unknown command {verb[:20]!r} (expected GEN, CANCEL, TOKENIZE, VOCAB, EMBED, QUIT)"
+            f"unknown command {verb[:20]!r} (expected GEN, CANCEL, TOKENIZE, MTOKENIZE, VOCAB, EMBED, QUIT)"
         )
     except (ValueError, RecursionError) as exc:
         raise ProtocolError(f"{exc} in line {_clip(_strip_eol(line))!r}") from None

@@ -19,7 +19,7 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -31,8 +31,22 @@ from strata_core.options import GenOptions
 log = logging.getLogger("strata.engine")
 
 
+class MediaPrompt(list[int]):
+    """A prompt's token ids (0 at media positions) and where its media items sit, which
+    travel with it to the engine (GEN ``media=``)."""
+
+    def __init__(self, ids: Iterable[int], spans: Sequence[proto.MediaSpan] = ()) -> None:
+        super().__init__(ids)
+        self.spans = tuple(spans)
+
+
 class EngineUnavailable(RuntimeError):
     """The engine is not running, or died while serving the request."""
+
+
+class EngineRefused(EngineUnavailable):
+    """The engine answered a question with ERR: it cannot do what was asked (say, decode a
+    media item); the message says why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,14 +313,14 @@ class EngineClient:
             elif ev.rid is not None and ev.rid in self._replies:
                 asked = self._replies.pop(ev.rid)
                 if not asked.done():  # its asker may have gone (a client that hung up)
-                    asked.set_exception(EngineUnavailable(ev.message))
+                    asked.set_exception(EngineRefused(ev.message))
             else:
                 log.error("engine: %s", ev.message)
                 if not self.ready.is_set():
                     self.start_error = ev.message
         elif isinstance(ev, proto.Warn):
             log.warning("engine: %s %s", ev.rid or "-", ev.message)
-        elif isinstance(ev, (proto.Tokens, proto.Vocab, proto.Embedding)):
+        elif isinstance(ev, (proto.Tokens, proto.MediaTokens, proto.Vocab, proto.Embedding)):
             fut = self._replies.pop(ev.rid, None)
             if fut is not None and not fut.done():
                 fut.set_result(ev)
@@ -344,9 +358,13 @@ class EngineClient:
         return f"{prefix}{next(self._ids)}"
 
     def generate(self, prompt: Sequence[int], options: GenOptions, rid: str | None = None) -> RequestStream:
+        """Start a request; a MediaPrompt's media items are named in its GEN (``media=``)."""
         rid = rid or self.new_rid()
         st = RequestStream(rid, wants_lp=options.logprobs is not None, tokens=len(prompt))
-        self._send(proto.Gen(rid, options.encode(), tuple(prompt)))
+        keys = options.encode()
+        if isinstance(prompt, MediaPrompt) and prompt.spans:
+            keys = {**keys, "media": proto.encode_spans(prompt.spans)}
+        self._send(proto.Gen(rid, keys, tuple(prompt)))
         self._streams[rid] = st
         return st
 
@@ -357,7 +375,7 @@ class EngineClient:
             except EngineUnavailable:
                 pass
 
-    async def _ask(self, cmd: proto.Tokenize | proto.VocabRequest | proto.Embed) -> Any:
+    async def _ask(self, cmd: proto.Tokenize | proto.MediaTokenize | proto.VocabRequest | proto.Embed) -> Any:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._replies[cmd.rid] = fut
         try:
@@ -370,6 +388,12 @@ class EngineClient:
     async def tokenize(self, text: str, special: bool = True) -> list[int]:
         ev = await self._ask(proto.Tokenize(self.new_rid("t"), text, special))
         return list(ev.ids)
+
+    async def tokenize_media(self, parts: Sequence[tuple[str, bytes]]) -> MediaPrompt:
+        """A prompt of text and media parts (("text", UTF-8) or ("media", file bytes)) as
+        the engine's mtmd tokenizes it; EngineRefused names a media item it cannot take."""
+        ev = await self._ask(proto.MediaTokenize(self.new_rid("m"), tuple(parts)))
+        return MediaPrompt(ev.ids, ev.spans)
 
     async def vocab(self) -> list[bytes]:
         ev = await self._ask(proto.VocabRequest(self.new_rid("v")))
@@ -417,6 +441,7 @@ def engine_command(
     main_gpu: int = EngineConfig().main_gpu,
     cache_types: tuple[str, str] = (EngineConfig().cache_type_k, EngineConfig().cache_type_v),
     loras: Sequence[tuple[str, float]] = (),
+    mmproj: str | None = None,
 ) -> EngineCommand:
     """The argv and environment that run the engine on a backend's build at ``site``
     (what is not given: the configuration's defaults)."""
@@ -437,6 +462,8 @@ def engine_command(
     argv += ["--cache-type-k", cache_types[0], "--cache-type-v", cache_types[1]]
     for path, scale in loras:
         argv += ["--lora", path, "--lora-scale", repr(float(scale))]
+    if mmproj:
+        argv += ["--mmproj", mmproj]
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     path = os.pathsep.join(p for p in (site, here, os.environ.get("PYTHONPATH", "")) if p)
     full_env = dict(env)

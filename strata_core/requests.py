@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -231,6 +231,65 @@ class TextPart(_Strict):
     text: str
 
 
+class ImageUrl(_Strict):
+    url: str  # a data URL (base64), or http(s) where [server] fetch_media allows
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(_Strict):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+    kind: ClassVar[str] = "image"
+
+    def source(self) -> str:
+        return self.image_url.url
+
+
+class InputAudio(_Strict):
+    data: str  # base64 of the file
+    format: Literal["wav", "mp3", "flac"] | None = None
+
+
+class AudioPart(_Strict):
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+    kind: ClassVar[str] = "audio"
+
+    def source(self) -> str:
+        return f"data:audio/{self.input_audio.format or 'wav'};base64,{self.input_audio.data}"
+
+
+MediaPart = ImagePart | AudioPart
+ContentPart = TextPart | ImagePart | AudioPart
+_PART_MODELS: dict[str, type[TextPart | ImagePart | AudioPart]] = {
+    "text": TextPart, "image_url": ImagePart, "input_audio": AudioPart,
+}  # fmt: skip
+_PART_FORMS = {
+    "text": '{"type": "text", "text": "..."}',
+    "image_url": '{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}',
+    "input_audio": '{"type": "input_audio", "input_audio": {"data": "<base64>", "format": "wav"}}',
+}
+
+
+def join_parts(parts: list[ContentPart], marker: str | None) -> str:
+    """A message's parts as the text a chat template reads. Text alone is joined as it
+    stands; beside media (each written as ``marker``), text parts are joined by a line
+    break, none next to a media item: llama-server's rule, so prompts match its own."""
+    if marker is None or not any(isinstance(p, (ImagePart, AudioPart)) for p in parts):
+        return "".join(p.text for p in parts if isinstance(p, TextPart))
+    out, after_media = "", False
+    for p in parts:
+        if isinstance(p, TextPart):
+            out += ("\n" if out and not after_media else "") + p.text
+            after_media = False
+        else:
+            out += marker
+            after_media = True
+    return out
+
+
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
@@ -263,7 +322,7 @@ def _json_object(text: str) -> Any:
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = Field(default=None, validate_default=True)
+    content: str | list[ContentPart] | None = Field(default=None, validate_default=True)
     name: str | None = None
     tool_calls: list[MessageToolCall] | None = None
     tool_call_id: str | None = None
@@ -273,9 +332,9 @@ class ChatMessage(_Strict):
     def _refuse_later_work(cls, data: Any) -> Any:
         return drop_unset(data, MESSAGE_NOT_YET_SUPPORTED)
 
-    @field_validator("content", mode="plain", json_schema_input_type=str | list[TextPart] | None)
+    @field_validator("content", mode="plain", json_schema_input_type=str | list[ContentPart] | None)
     @classmethod
-    def _content(cls, value: Any, info: ValidationInfo) -> str | list[TextPart] | None:
+    def _content(cls, value: Any, info: ValidationInfo) -> str | list[ContentPart] | None:
         if value is None:
             role = info.data.get("role")
             if role is not None and role != "assistant":
@@ -284,30 +343,38 @@ class ChatMessage(_Strict):
         if isinstance(value, str):
             return value
         if not isinstance(value, list):
-            raise invalid("expected a string or a list of text parts", "invalid_type")
-        parts = []
-        for part in value:
+            raise invalid("expected a string or a list of content parts", "invalid_type")
+        parts: list[ContentPart] = []
+        for i, part in enumerate(value):
             if not isinstance(part, dict):
                 raise invalid("expected content parts to be objects", "invalid_type")
             kind = part.get("type")
-            if kind != "text":
+            model = _PART_MODELS.get(kind) if isinstance(kind, str) else None
+            if model is None or not isinstance(kind, str):
                 raise PydanticCustomError(
                     "unsupported_content",
-                    "has a content part of type {kind} (Strata accepts only text parts)",
+                    "has a content part of type {kind} (Strata accepts text, image_url and input_audio parts)",
                     {"kind": repr(kind)},
                 )
-            if set(part) != {"type", "text"} or not isinstance(part["text"], str):
-                raise invalid('expected text parts of the form {"type": "text", "text": "..."}')
-            parts.append(TextPart(type="text", text=part["text"]))
+            try:
+                parts.append(model.model_validate(part))
+            except ValidationError:
+                raise invalid(f"content part {i} is not of the form {_PART_FORMS[kind]}") from None
         return parts
 
-    def template_view(self) -> dict[str, Any]:
-        """The message as chat templates read it (Hugging Face's form): text parts joined,
-        null content as "", and call arguments as the object they spell, which templates
-        render with ``tojson`` (text that is not a JSON object stays text)."""
+    def media(self) -> list[tuple[int, MediaPart]]:
+        """The message's media parts with their index among its parts."""
+        content = self.content if isinstance(self.content, list) else []
+        return [(i, p) for i, p in enumerate(content) if isinstance(p, (ImagePart, AudioPart))]
+
+    def template_view(self, marker: str | None = None) -> dict[str, Any]:
+        """The message as chat templates read it (Hugging Face's form): parts joined (each
+        media item written as ``marker``: join_parts), null content as "", and call
+        arguments as the object they spell, which templates render with ``tojson`` (text
+        that is not a JSON object stays text)."""
         content = self.content
         if isinstance(content, list):
-            content = "".join(p.text for p in content)
+            content = join_parts(content, marker)
         out: dict[str, Any] = {"role": self.role, "content": content or ""}
         if self.name is not None:
             out["name"] = self.name
@@ -548,6 +615,10 @@ class ChatRequest(BaseRequest):
     @classmethod
     def _no_limit(cls, value: int | None) -> int | None:
         return None if value == -1 else value
+
+    def media(self) -> list[tuple[str, MediaPart]]:
+        """Every media part in prompt order, with its parameter path (messages.I.content.J)."""
+        return [(f"messages.{i}.content.{j}", p) for i, m in enumerate(self.messages) for j, p in m.media()]
 
     @field_validator("tools")
     @classmethod

@@ -89,7 +89,7 @@ def test_cpu_features_follow_flags() -> None:
 
 def test_cpu_arm_gets_no_x86_options() -> None:
     args = cpu_cmake_args({"asimd"}, "aarch64")
-    assert args == ("-DGGML_NATIVE=OFF", "-DLLAVA_BUILD=OFF")
+    assert args == ("-DGGML_NATIVE=OFF", "-DLLAVA_BUILD=ON")
 
 
 # ---- cuda ---------------------------------------------------------------------------
@@ -231,7 +231,7 @@ def test_cuda_build_spec_from_visible_gpus(env, bindir, tmp_path) -> None:
     assert cmake_value(spec.cmake_args, "GGML_CUDA") == "ON"
     assert cmake_value(spec.cmake_args, "CMAKE_CUDA_ARCHITECTURES") == "86;90"
     assert cmake_value(spec.cmake_args, "GGML_NATIVE") == "OFF"
-    assert cmake_value(spec.cmake_args, "LLAVA_BUILD") == "OFF"
+    assert cmake_value(spec.cmake_args, "LLAVA_BUILD") == "ON"
     assert spec.env == {"CUDACXX": str(nvcc)}
     assert spec.required_tools == ("cmake", str(nvcc))
     only = cuda({**env, "CUDA_VISIBLE_DEVICES": "1"}, tmp_path).build_spec()
@@ -583,7 +583,7 @@ def test_metal_ok_and_build_spec(env, bindir) -> None:
         "-DGGML_METAL=ON",
         "-DGGML_METAL_EMBED_LIBRARY=ON",
         "-DGGML_NATIVE=OFF",
-        "-DLLAVA_BUILD=OFF",
+        "-DLLAVA_BUILD=ON",
     )
     assert backend.engine_env(EngineConfig(devices="0")) == {}
     assert backend.engine_defaults().n_gpu_layers == -1

@@ -120,9 +120,9 @@ CHAT_CASES = [
     chat("content a number", user(5), "messages.0.content", "invalid_type"),
     chat("content null for a user", user(None), "messages.0.content"),
     chat("image part refused by name", user([{"type": "image_url", "image_url": {"url": "data:,"}}]),
-         "messages.0.content", "unsupported_content"),  # fmt: skip
+         "messages.0.content.0", "unsupported_content"),  # fmt: skip
     chat("audio part refused by name", user([{"type": "input_audio", "input_audio": {"data": ""}}]),
-         "messages.0.content", "unsupported_content"),  # fmt: skip
+         "messages.0.content.0", "unsupported_content"),  # fmt: skip
     chat("text part with extra keys", user([{"type": "text", "text": "x", "x": 1}]), "messages.0.content"),
     chat("message field unknown", {"messages": [{"role": "user", "content": "x", "foo": 1}]},
          "messages.0.foo", UNSUPPORTED),  # fmt: skip

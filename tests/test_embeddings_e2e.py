@@ -6,11 +6,8 @@ embedding the same input."""
 from __future__ import annotations
 
 import base64
-import os
-import subprocess
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +18,8 @@ import pytest
 
 from strata_core.backends.cpu import CpuBackend
 from strata_core.build import EngineBuild
-from strata_core.testing.harness import Server, free_port, wait_healthy
+from strata_core.testing.harness import Server, llama_server_binary
+from strata_core.testing.harness import llama_server as run_llama_server
 
 pytestmark = pytest.mark.slow
 
@@ -131,32 +129,6 @@ def test_documented_in_openapi(server: Server) -> None:
 # ---- the same input through llama.cpp's own llama-server ------------------------------------
 
 
-def llama_server_binary(engine: EngineBuild) -> Path | None:
-    """llama-server built in the engine's own CMake tree (bench/peers.py builds it there)."""
-    tree = engine.meta.get("build_dir")
-    found = sorted(Path(tree).rglob("llama-server")) if tree and Path(tree).is_dir() else []
-    return next((p for p in found if p.is_file() and os.access(p, os.X_OK)), None)
-
-
-@contextmanager
-def running_llama_server(binary: Path, args: list[str], log_path: Path) -> Iterator[str]:
-    """llama-server with ``args`` on a free loopback port, its console in ``log_path``; its URL."""
-    port = free_port()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([str(binary), "--host", "127.0.0.1", "--port", str(port), *args],
-                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-        base = f"http://127.0.0.1:{port}"
-        try:
-            wait_healthy(proc, base, log_path)
-            yield base
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-
 #: The engine's attention kernel for llama-server's -fa: flash attention alone moves this
 #: model's vectors by 1e-2.
 FLASH = {True: "on", False: "off", None: "auto"}[CpuBackend().engine_defaults().flash_attn]
@@ -170,7 +142,7 @@ def llama_server(cpu_engine: EngineBuild, default_model: Path, tmp_path_factory:
     log_path = tmp_path_factory.mktemp("llama-server") / "llama-server.log"
     args = ["-m", str(default_model), "--embedding", "--pooling", "mean", "-fa", FLASH, "-c", "1024", "-np", "1",
             "-t", "2"]  # fmt: skip
-    with running_llama_server(binary, args, log_path) as base:
+    with run_llama_server(binary, args, log_path) as base:
         yield base
 
 

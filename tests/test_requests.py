@@ -194,13 +194,18 @@ def test_long_values_are_truncated_in_messages() -> None:
 
 
 def test_unsupported_content_part() -> None:
-    image = {"type": "image_url", "image_url": {"url": "http://x/y.png"}}
-    err = refused(ChatRequest, {"messages": [*USER, {"role": "user", "content": [image]}]})
+    video = {"type": "video_url", "video_url": {"url": "http://x/y.mp4"}}
+    err = refused(ChatRequest, {"messages": [*USER, {"role": "user", "content": [video]}]})
     assert err.param == "messages.1.content"
-    assert "image_url" in err.message and err.code == "unsupported_content"
-    audio = {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}
-    err = refused(ChatRequest, {"messages": [{"role": "user", "content": [audio]}]})
-    assert err.param == "messages.0.content" and "input_audio" in err.message
+    assert "video_url" in err.message and err.code == "unsupported_content"
+    assert "image_url" in err.message and "input_audio" in err.message  # what is taken instead
+
+
+def test_media_parts_of_the_wrong_form() -> None:
+    for part in ({"type": "image_url", "image_url": "http://x/y.png"},
+                 {"type": "input_audio", "input_audio": {"data": "", "format": "ogg"}}):  # fmt: skip
+        err = refused(ChatRequest, {"messages": [{"role": "user", "content": [part]}]})
+        assert err.param == "messages.0.content" and part["type"] in err.message
 
 
 def test_echo_with_logprobs_message() -> None:

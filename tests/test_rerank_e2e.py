@@ -10,10 +10,11 @@ from typing import Any
 
 import httpx
 import pytest
-from test_embeddings_e2e import FLASH, llama_server_binary, running_llama_server
+from test_embeddings_e2e import FLASH
 
 from strata_core.build import EngineBuild
-from strata_core.testing.harness import Server
+from strata_core.testing.harness import Server, llama_server_binary
+from strata_core.testing.harness import llama_server as run_llama_server
 from strata_core.testing.models import write_reranker
 
 pytestmark = pytest.mark.slow
@@ -49,7 +50,7 @@ def theirs(cpu_engine: EngineBuild, reranker: Path, tmp_path_factory: pytest.Tem
         pytest.skip("no llama-server in the engine's build tree (python bench/peers.py builds it)")
     log_path = tmp_path_factory.mktemp("llama-server-rerank") / "llama-server.log"
     args = ["-m", str(reranker), "--reranking", "-fa", FLASH, "-c", "512", "-np", "1", "-t", "2"]
-    with running_llama_server(binary, args, log_path) as base:
+    with run_llama_server(binary, args, log_path) as base:
         yield base
 
 

@@ -33,6 +33,13 @@ def lora_adapters(entry: Any) -> list[dict[str, Any]]:
     return [{"id": i, "name": a.label(), "path": a.path, "scale": a.scale} for i, a in enumerate(adapters)]
 
 
+def model_card(name: str, entry: Any) -> dict[str, Any]:
+    """A served model as /v1/models lists it: the inputs it takes, its LoRA adapters."""
+    adapters = lora_adapters(entry)
+    return {"id": name, "object": "model", "created": 0, "owned_by": "strata", "inputs": entry.spec.inputs,
+            **({"lora_adapters": adapters} if adapters else {})}  # fmt: skip
+
+
 def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
     config = pool.models[pool.default].spec.config
 
@@ -93,9 +100,7 @@ def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None =
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        data = [{"id": name, "object": "model", "created": 0, "owned_by": "strata",
-                 **({"lora_adapters": adapters} if (adapters := lora_adapters(pool.entry(name))) else {})}
-                for name in pool.names()]  # fmt: skip
+        data = [model_card(name, pool.models[name]) for name in pool.names()]
         return {"object": "list", "data": data}
 
     @app.get("/lora-adapters")
@@ -128,7 +133,7 @@ def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None =
         service = entry.service
         engine = service.engine if service is not None else None
         info = {k: v for k, v in (engine.info if engine else {}).items() if k not in {"eog", "chat_template"}}
-        every = {m.spec.name: {"backend": m.spec.backend.name, "loaded": m.service is not None}
+        every = {m.spec.name: {"backend": m.spec.backend.name, "loaded": m.service is not None, "inputs": m.spec.inputs}
                  for m in pool.models.values()}  # fmt: skip
         # a Ray Serve replica says which one it is (strata_core/scale/replica.py)
         replica = {"replica": app.state.replica} if hasattr(app.state, "replica") else {}

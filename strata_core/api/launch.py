@@ -4,6 +4,7 @@ a fresh Service (its engine not started yet) each time the model is loaded."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from collections.abc import Callable, Iterable
@@ -23,7 +24,7 @@ from strata_core.config import (
     check_split,
     slots_for,
 )
-from strata_core.models import ALIASES, ResolvedModel, resolve_model
+from strata_core.models import ALIASES, ResolvedModel, mmproj_path, projector_inputs, resolve_model
 from strata_core.plugins import load_registry, select_backend
 from strata_core.reader import EngineClient, EngineCommand, engine_command
 from strata_core.text.chat import ChatTemplate, TemplateError
@@ -63,10 +64,15 @@ class ModelSpec:
     log_path: Path | None
     preload: bool = True
     aliases: frozenset[str] = field(default_factory=frozenset)
-    #: a multimodal projector beside the model (hub references whose repository has one)
+    #: its multimodal projector: configured (mmproj), or found beside a pulled model
     mmproj: Path | None = None
     #: the operator's chat template text ([engine] / [models.NAME] chat_template)
     chat_template: str | None = None
+
+    @functools.cached_property
+    def inputs(self) -> list[str]:
+        """What the model takes (text, image, audio), read from its projector's header."""
+        return projector_inputs(self.mmproj)
 
     def service(self) -> Service:
         """A new Service over a new (not yet started) engine client."""
@@ -83,7 +89,8 @@ class ModelSpec:
             "devices": [vars(d) for d in self.backend.probe().devices],
             "engine_log": str(self.log_path) if self.log_path else None,
             "model_file": str(self.path),
-            "mmproj_file": str(self.mmproj) if self.mmproj else None,
+            "mmproj": str(self.mmproj) if self.mmproj else None,
+            "inputs": self.inputs,
         }
 
 
@@ -93,6 +100,7 @@ def model_spec(
     """The spec of the model [engine] describes, or ``model`` (named ``name``, or after its file)."""
     model = model or resolve_model(cfg.engine.model)
     spec = cfg.speculative
+    mmproj = mmproj_path(cfg.engine.mmproj) if cfg.engine.mmproj else model.mmproj
     draft = resolve_model(spec.draft_model) if spec.mode == "draft" and spec.draft_model else None
     backend, build = engine_for(cfg)
     e = cfg.engine
@@ -118,12 +126,13 @@ def model_spec(
         main_gpu=e.main_gpu,
         cache_types=(e.cache_type_k, e.cache_type_v),
         loras=[(str(Path(a.path).expanduser()), a.scale) for a in e.lora],
+        mmproj=str(mmproj) if mmproj else None,
     )
     # One model served: the aliases clients send for "the model" ("default") name it, whatever
     # its file, as before several models could be served; [models.NAME] are named exactly.
     aliases = frozenset(ALIASES) if name is None else frozenset()
     return ModelSpec(name or model.id, cfg, model.path, backend, build, command, log_path, preload, aliases,
-                     model.mmproj, template_file(e.chat_template))  # fmt: skip
+                     mmproj, template_file(e.chat_template))  # fmt: skip
 
 
 def context_for(path: Path, n_ctx: int) -> int:

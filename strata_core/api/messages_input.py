@@ -33,7 +33,7 @@ NOT_SUPPORTED = (
     "output_config", "service_tier", "speed", "user_profile_id", "workspace_id",
 )  # fmt: skip
 
-BLOCK_KINDS = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
+BLOCK_KINDS = ("text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking")
 
 
 class TextBlock(Strict):
@@ -41,6 +41,28 @@ class TextBlock(Strict):
     text: str
     cache_control: dict[str, Any] | None = None
     citations: None = None
+
+
+class Base64Source(Strict):
+    type: Literal["base64"]
+    media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp", "image/bmp"]
+    data: str
+
+
+class UrlSource(Strict):
+    type: Literal["url"]
+    url: str
+
+
+class ImageBlock(Strict):
+    type: Literal["image"]
+    source: Annotated[Base64Source | UrlSource, Discriminator("type")]
+    cache_control: dict[str, Any] | None = None
+
+    def chat_part(self) -> dict[str, Any]:
+        src = self.source
+        url = src.url if isinstance(src, UrlSource) else f"data:{src.media_type};base64,{src.data}"
+        return {"type": "image_url", "image_url": {"url": url}}
 
 
 class ToolUseBlock(Strict):
@@ -74,7 +96,7 @@ class RedactedThinkingBlock(Strict):
 
 
 ContentBlock = Annotated[
-    TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
+    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
     Discriminator("type"),
 ]
 
@@ -97,7 +119,7 @@ class Message(Strict):
 
     @model_validator(mode="after")
     def _blocks_of_the_role(self) -> Message:
-        wrong = (ToolResultBlock,) if self.role == "assistant" else (ToolUseBlock, ThinkingBlock, RedactedThinkingBlock)
+        wrong = (ToolResultBlock, ImageBlock) if self.role == "assistant" else (ToolUseBlock, ThinkingBlock, RedactedThinkingBlock)
         for block in self.blocks():
             if isinstance(block, wrong):
                 raise invalid(f"a {self.role} message cannot hold a {block.type} block")
@@ -254,6 +276,10 @@ def chat_messages(m: Message) -> list[dict[str, Any]]:
         return [out]
     results = [{"role": "tool", "tool_call_id": b.tool_use_id, "content": b.text()}
                for b in blocks if isinstance(b, ToolResultBlock)]  # fmt: skip
+    if any(isinstance(b, ImageBlock) for b in blocks):  # text and images, in order
+        parts = [b.chat_part() if isinstance(b, ImageBlock) else {"type": "text", "text": b.text}
+                 for b in blocks if isinstance(b, (TextBlock, ImageBlock))]  # fmt: skip
+        return [*results, {"role": "user", "content": parts}]
     if text or not results:
         results.append({"role": "user", "content": text})
     return results

@@ -12,6 +12,7 @@ Any other parameter, or a value of one that Strata does not implement, is a 400 
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
@@ -35,7 +36,10 @@ NOT_SUPPORTED = (
 )  # fmt: skip
 
 
-def _text_of(value: Any, kinds: tuple[str, ...]) -> str:
+MESSAGE_PARTS = "input_text, output_text, input_image and input_file (audio)"
+
+
+def _text_of(value: Any, kinds: tuple[str, ...], accepts: str = "") -> str:
     """A message's content (a string, or a list of text parts of ``kinds``) as one text."""
     if isinstance(value, str):
         return value
@@ -46,33 +50,64 @@ def _text_of(value: Any, kinds: tuple[str, ...]) -> str:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in kinds or not isinstance(part.get("text"), str):
             raise invalid(
-                f"has a content part of type {kind!r}; Strata accepts text parts only "
-                f"({', '.join(kinds)})",
+                f"has a content part of type {kind!r}; Strata accepts {accepts or ', '.join(kinds)} parts",
                 "unsupported_content",
             )
         texts.append(part["text"])
     return "".join(texts)
 
 
+def _chat_part(part: Any) -> dict[str, Any] | None:
+    """A Responses media part as a chat content part (None: not a media part):
+    ``input_image`` as ``image_url``, an audio ``input_file`` as ``input_audio``."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "input_image":
+        url = part.get("image_url")
+        if not isinstance(url, str):
+            raise invalid("an input_image part needs image_url (a data URL, or an http(s) URL); file_id is not supported")
+        return {"type": "image_url", "image_url": {"url": url}}
+    if kind == "input_file":
+        data = part.get("file_data")
+        m = re.fullmatch(r"data:audio/([\w.+-]+);base64,(.*)", data, re.S) if isinstance(data, str) else None
+        if m is None:
+            raise invalid("an input_file part is taken as audio only: file_data as data:audio/<format>;base64,...",
+                          "unsupported_content")  # fmt: skip
+        fmt = {"mpeg": "mp3", "x-wav": "wav", "wave": "wav"}.get(m[1], m[1])
+        return {"type": "input_audio", "input_audio": {"data": m[2], "format": fmt}}
+    return None
+
+
+def _content_of(value: Any) -> str | list[dict[str, Any]]:
+    """A message's content: one text, or (with media) chat content parts in order."""
+    if isinstance(value, list) and any(isinstance(p, dict) and p.get("type") in ("input_image", "input_file") for p in value):
+        parts = []
+        for part in value:
+            chat = _chat_part(part)
+            text = None if chat is not None else _text_of([part], ("input_text", "output_text"), MESSAGE_PARTS)
+            parts.append(chat if chat is not None else {"type": "text", "text": text})
+        return parts
+    return _text_of(value, ("input_text", "output_text"), MESSAGE_PARTS)
+
+
 class MessageItem(Strict):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: str
+    content: str | list[dict[str, Any]]
     id: str | None = None  # an output message sent back: its id and status name it only
     status: str | None = None
     phase: str | None = None
 
     @field_validator("content", mode="plain")
     @classmethod
-    def _content(cls, value: Any) -> str:
-        return _text_of(value, ("input_text", "output_text"))
+    def _content(cls, value: Any) -> str | list[dict[str, Any]]:
+        return _content_of(value)
 
     @model_validator(mode="before")
     @classmethod
     def _output_parts(cls, data: Any) -> Any:
         # output_text parts sent back carry annotations and logprobs: only the text matters
         if isinstance(data, dict) and isinstance(data.get("content"), list):
-            keep = ("type", "text")
+            keep = ("type", "text", "image_url", "file_data", "filename", "detail")
             parts = [{k: v for k, v in p.items() if k in keep} if isinstance(p, dict) else p
                      for p in data["content"]]  # fmt: skip
             data = {**data, "content": parts}

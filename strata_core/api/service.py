@@ -18,6 +18,7 @@ from fastapi import Request
 
 from strata_core import protocol as proto
 from strata_core.api.limits import queue_full, read_json
+from strata_core.api.media import check_media, media_marker, media_prompt
 from strata_core.api.metrics import Metrics
 from strata_core.api.stream import timed_out
 from strata_core.config import CPU_PARALLEL, Config
@@ -189,6 +190,11 @@ class Service:
         return int(self.engine.info["n_ctx"])
 
     @property
+    def inputs(self) -> list[str]:
+        """What the model takes: text, and image or audio when its projector encodes them."""
+        return list(self.engine.info.get("inputs") or ["text"])
+
+    @property
     def n_vocab(self) -> int:
         return int(self.engine.info["n_vocab"])
 
@@ -276,7 +282,11 @@ class Service:
             )
         mode = req.tool_mode()
         tools = None if mode == "none" else [t.template_view() for t in req.tools or ()]
-        messages = [m.template_view() for m in req.messages]
+        media = req.media()
+        if media:
+            check_media(media, self.inputs, self.config.server)
+        marker = media_marker() if media else None
+        messages = [m.template_view(marker) for m in req.messages]
         if setup is Dialect.GENERIC:  # the template reads neither tools nor tool messages
             named = req.forced_tools()[0].function.name if mode == "named" else None
             parallel = req.parallel_tool_calls is not False
@@ -290,7 +300,10 @@ class Service:
             )
         except TemplateError as exc:
             raise ApiError(400, f"the chat template failed: {exc}", param="messages") from None
-        return await self.engine.tokenize(text, special=True), self.chat_shape(req, text, mode)
+        shape = self.chat_shape(req, text, mode)
+        if marker is not None:
+            return await media_prompt(self.engine, text, marker, media, self.config.server), shape
+        return await self.engine.tokenize(text, special=True), shape
 
     def chat_shape(self, req: ChatRequest, prompt: str, mode: str) -> ChatShape:
         """How a reply to ``prompt`` is cut up: reasoning in the family's tags, tool calls in

@@ -16,7 +16,7 @@ X86_FEATURES = {"avx": "GGML_AVX", "avx2": "GGML_AVX2", "fma": "GGML_FMA", "f16c
 def cpu_cmake_args(flags: Set[str], machine: str) -> tuple[str, ...]:
     # A native build enables AMX on some Xeons and crashes in ggml_backend_amx_mul_mat,
     # so the instruction sets are named one by one and AMX is always off.
-    args = ["-DGGML_NATIVE=OFF", "-DLLAVA_BUILD=OFF"]
+    args = ["-DGGML_NATIVE=OFF", "-DLLAVA_BUILD=ON"]
     if machine in {"x86_64", "amd64", "AMD64"}:
         for flag, opt in X86_FEATURES.items():
             args.append(f"-D{opt}={'ON' if flag in flags else 'OFF'}")

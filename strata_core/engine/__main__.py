@@ -105,6 +105,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--spec-fixed", action="store_true", default=not spec.adaptive,
                     help="n-gram windows at every match, not only where they pay")  # fmt: skip
     ap.add_argument("--draft-model", help="a GGUF sharing the model's vocabulary, for spec=draft")
+    ap.add_argument("--mmproj", help="the model's multimodal projector GGUF (images, audio)")
     ap.add_argument("--spec-threshold", type=float, default=spec.threshold, help="the draft model's confidence gate")
     return ap.parse_args(argv)
 
@@ -137,8 +138,9 @@ def stdin_reader(q: queue.Queue[Any], answer_now: Callable[[Any], bool]) -> None
     q.put(proto.Quit())
 
 
-def load(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The model (and the draft model, if any), warmed up; raises why it cannot start."""
+def load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """The model (and the draft model and the projector, if any), warmed up; raises why it
+    cannot start."""
     # Imported here so --help works without a native build on the path.
     # llama.py first: libllama's native libraries must load before numpy's. The other
     # order made model loading segfault with CUDA 13 and numpy 2.5 on an H200.
@@ -167,7 +169,12 @@ def load(args: argparse.Namespace) -> tuple[Any, Any]:
         draft.warm_up()
         drafter = DraftModel(draft, args.spec_threshold)
     llama.warm_up()
-    return llama, drafter
+    projector = None
+    if args.mmproj:
+        from strata_core.engine.media import Projector
+
+        projector = Projector(args.mmproj, llama, args.threads or len(os.sched_getaffinity(0)))
+    return llama, drafter, projector
 
 
 def fit_parallel(args: argparse.Namespace, ll: Any) -> None:
@@ -186,7 +193,7 @@ def fit_parallel(args: argparse.Namespace, ll: Any) -> None:
     print(args.fit, file=sys.stderr)
 
 
-def ready(args: argparse.Namespace, llama: Any, drafter: Any) -> proto.Ready:
+def ready(args: argparse.Namespace, llama: Any, drafter: Any, projector: Any) -> proto.Ready:
     import llama_cpp
 
     return proto.Ready(
@@ -204,6 +211,7 @@ def ready(args: argparse.Namespace, llama: Any, drafter: Any) -> proto.Ready:
             "lora": [{"id": i, "path": p, "scale": llama.lora_scales[i]} for i, p in enumerate(args.lora)],
             "capabilities": CAPABILITIES + (["spec_draft"] if drafter else [])
             + (["embeddings"] if llama.pooling != "rank" else ["rerank"]),
+            "inputs": projector.inputs if projector else ["text"],
             **llama.facts(),
         }
     )
@@ -214,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack to stderr
     out = Output()
     try:
-        llama, drafter = load(args)
+        llama, drafter, projector = load(args)
     except Exception as exc:
         out.emit(proto.Error(None, f"engine failed to start: {exc}"))
         out.flush()
@@ -222,13 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     from strata_core.engine.commands import Commands
     from strata_core.engine.loop import Engine
 
-    out.emit(ready(args, llama, drafter))
+    out.emit(ready(args, llama, drafter, projector))
     out.flush()
     engine = Engine(
         llama, out.emit, drafter, adaptive=not args.spec_fixed, saved_bytes=args.prompt_cache_mib << 20,
         shape_costs=llama.on_gpu, trace=step_trace(os.environ.get(TRACE_ENV)),
     )  # fmt: skip
-    commands = Commands(llama, engine, out.emit, args.spec_k, drafter is not None)
+    commands = Commands(llama, engine, out.emit, args.spec_k, drafter is not None, projector)
     q: queue.Queue[Any] = queue.Queue()
     threading.Thread(target=stdin_reader, args=(q, commands.answer_now(out.write_now)), daemon=True).start()
     running = True

@@ -20,8 +20,11 @@ from strata_core.options import GenOptions
 
 
 class Commands:
-    def __init__(self, llama: Llama, engine: Engine, emit: Emit, spec_k: int, has_drafter: bool) -> None:
+    def __init__(
+        self, llama: Llama, engine: Engine, emit: Emit, spec_k: int, has_drafter: bool, projector: Any = None
+    ) -> None:
         self.llama = llama
+        self.projector = projector  # media.Projector, with --mmproj
         self.engine = engine
         self.emit = emit
         self.spec_k = spec_k
@@ -50,9 +53,13 @@ class Commands:
     def answer_now(self, write_now: Emit) -> Callable[[Any], bool]:
         """TOKENIZE is answered by the reader thread at once, even while a step decodes:
         it reads only the vocabulary, and a new request's prompt must not wait behind the
-        prefill of the one before it."""
+        prefill of the one before it. So is MTOKENIZE (media decoded and preprocessed by
+        mtmd, as llama-server does on its HTTP threads)."""
 
         def answer(cmd: Any) -> bool:
+            if isinstance(cmd, proto.MediaTokenize):
+                write_now(media_tokens(cmd, self.projector))
+                return True
             if not isinstance(cmd, proto.Tokenize):
                 return False
             ids = self.llama.tokenize(cmd.text.encode("utf-8"), False, cmd.special)
@@ -68,7 +75,9 @@ class Commands:
             self.emit(proto.Error(cmd.rid, msg))
             self.emit(proto.Done(cmd.rid, "error", {}))
 
-        for key in GenOptions.unknown(cmd.keys):
+        keys = dict(cmd.keys)
+        media_field = keys.pop("media", None)
+        for key in GenOptions.unknown(keys):
             if key not in self.warned:
                 self.warned.add(key)
                 self.emit(proto.Warn(cmd.rid, f"unknown key {key}"))
@@ -80,8 +89,14 @@ class Commands:
         bad = [t for t in prompt if t >= llama.n_vocab]
         if bad:
             return fail(f"prompt token {bad[0]} is outside the vocabulary (n_vocab {llama.n_vocab})")
+        media = {}
+        if media_field is not None:
+            try:
+                media = place_media(prompt, proto.parse_spans(media_field), self.projector)
+            except (ValueError, proto.ProtocolError) as exc:
+                return fail(str(exc))
         try:
-            opts = GenOptions.decode(cmd.keys)
+            opts = GenOptions.decode(keys)
             opts.check(llama.n_vocab)
             if opts.spec == "draft" and not self.has_drafter:
                 raise ValueError("spec=draft needs a draft model: start the engine with --draft-model PATH")
@@ -100,9 +115,9 @@ class Commands:
         self.engine.submit(
             Request(cmd.rid, prompt, opts.sampling, opts.max_tokens or llama.n_ctx, frozenset(opts.stop_ids) | self.eog,
                     opts.logprobs, logprobs_processed=opts.logprobs_mode == "processed", grammar=grammar,
-                    spec_k=self.spec_k if opts.spec != "off" and budget is None else 0,
-                    spec_draft=opts.spec == "draft", isolate=opts.isolate or lora is not None, budget=budget,
-                    lora=lora)
+                    spec_k=self.spec_k if opts.spec != "off" and budget is None and not media else 0,
+                    spec_draft=opts.spec == "draft" and not media, isolate=opts.isolate or lora is not None,
+                    budget=budget, lora=lora, media=media)
         )  # fmt: skip
 
     def embed(self, cmd: proto.Embed) -> None:
@@ -122,3 +137,38 @@ class Commands:
             self.emit(proto.Error(cmd.rid, "the model's embedding is not finite"))
             return
         self.emit(proto.Embedding(cmd.rid, tuple(vector.tolist())))
+
+
+def media_tokens(cmd: proto.MediaTokenize, projector: Any) -> proto.Event:
+    """The answer to MTOKENIZE: the prompt's ids and media spans, or why not."""
+    if projector is None:
+        return proto.Error(cmd.rid, "this model has no projector (start the engine with --mmproj): it takes text only")
+    from strata_core.engine.media import MediaError
+
+    try:
+        ids, spans = projector.tokenize(list(cmd.parts))
+    except MediaError as exc:
+        return proto.Error(cmd.rid, str(exc))
+    return proto.MediaTokens(cmd.rid, tuple(ids), tuple(spans))
+
+
+def place_media(prompt: list[int], spans: tuple[proto.MediaSpan, ...], projector: Any) -> dict[int, Any]:
+    """Write each media span's placeholder into ``prompt`` (in place); the media items by
+    placeholder, for the scheduler. Raises ValueError for spans the prompt cannot hold."""
+    from strata_core.engine.media_runs import placeholder
+
+    if projector is None:
+        raise ValueError("this model has no projector (start the engine with --mmproj): it takes text only")
+    items: dict[int, Any] = {}
+    end = 0
+    for sp in spans:
+        item = projector.take(sp.key)
+        if item is None:
+            raise ValueError(f"media item {sp.key} is not known here (send MTOKENIZE first, or again)")
+        if sp.n != item.n or sp.pos < end or sp.pos + sp.n >= len(prompt):
+            raise ValueError(f"media item {sp.key} cannot sit at {sp.pos}+{sp.n} (it takes {item.n} "
+                             "positions, in order, before the prompt's last token)")  # fmt: skip
+        prompt[sp.pos : sp.pos + sp.n] = [placeholder(sp.key)] * sp.n
+        items[placeholder(sp.key)] = item
+        end = sp.pos + sp.n
+    return items

@@ -89,6 +89,7 @@ class Engine:
         self._timed(t_step)
         sched = self.scheduler
         sched.admit()
+        sched.media()
         decoding = sched.decoding()
         windows = self.spec.propose(decoding, sched.waiting_first())
         record: dict[str, Any] = {"t": t_step, "n": len(decoding), "allowed": windows.allowed, "emitted": 0}

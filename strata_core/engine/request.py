@@ -10,6 +10,7 @@ import numpy as np
 
 from strata_core.engine.budget import ThinkBudget
 from strata_core.engine.grammar import GrammarMatcher
+from strata_core.engine.media_runs import MediaItem
 from strata_core.engine.sampler import SamplingParams
 from strata_core.engine.speculation.cost import Acceptance, Shadow
 from strata_core.engine.speculation.ngram import NgramIndex
@@ -36,6 +37,7 @@ class Request:
     #: LoRA scales of its own (None: the configured ones); such a request is isolated, and
     #: its slot's cache, computed under them, is dropped when it ends
     lora: tuple[float, ...] | None = None
+    media: dict[int, MediaItem] = field(default_factory=dict)  # the prompt's media items, by placeholder
     drafted: int = 0
     accepted: int = 0
     acceptance: Acceptance = field(default_factory=Acceptance)  # of n-gram drafts, real or shadow

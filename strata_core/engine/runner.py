@@ -123,4 +123,4 @@ class Runner:
         gaps = [s for s in slots[min(seqs) : max(seqs) + 1] if s.seq not in seqs]
         if any(len(s.cached) + n > self.llama.n_ctx for s in gaps):
             return {}
-        return {s.seq: (s.last if s.last is not None else (s.cached or [0])[-1], len(s.cached), n) for s in gaps}
+        return {s.seq: (s.last if s.last is not None else max(0, (s.cached or [0])[-1]), len(s.cached), n) for s in gaps}

@@ -18,6 +18,7 @@ from collections import deque
 from strata_core import protocol as proto
 from strata_core.engine.emitter import Emitter
 from strata_core.engine.llama import Llama
+from strata_core.engine.media_runs import decode_media_ahead, media_boundary, text_ahead
 from strata_core.engine.prompt_cache import SavedPrompts, common_prefix
 from strata_core.engine.request import Request, Slot
 from strata_core.engine.runner import Chunk
@@ -79,6 +80,18 @@ class Scheduler:
         """Whether a request in a slot still waits for its first token."""
         return any(s.req is not None and not s.req.generated for s in self.slots)
 
+    def media(self) -> None:
+        """The media items next in each slot's prompt, encoded and their embeddings decoded
+        into its sequence, each in a ``llama_decode`` of its own (media_runs.py), before the
+        step's prefill: a prompt's text runs stop at them."""
+        for slot in self.slots:
+            try:
+                while slot.req is not None and decode_media_ahead(self.llama, slot.seq, slot.cached, slot.pending, slot.req.media):
+                    pass
+            except Exception as exc:  # this request's media, not the step's other requests
+                traceback.print_exc()
+                self.emitter.fail(slot, f"the media item could not be encoded: {exc}")
+
     def cached_whole(self) -> list[Slot]:
         """Slots whose prompt was cached whole: their first token comes from the row kept."""
         return [s for s in self.slots if s.req is not None and s.last is None and not s.pending]
@@ -126,7 +139,7 @@ class Scheduler:
         """Up to ``most`` of the slot's pending prompt tokens. A slot whose prompt is then
         all in takes its last token too (``with_last``, where there is room): its first
         token is sampled from this decode. Otherwise it joins ``decoding``."""
-        chunk = slot.pending[:most]
+        chunk = slot.pending[: text_ahead(slot.pending, most)]
         pos0 = len(slot.cached)
         slot.cached.extend(chunk)
         del slot.pending[: len(chunk)]
@@ -208,7 +221,7 @@ class Scheduler:
         # when this prompt gave a request its first token on this cache before (nothing
         # to compute), else from the prompt's last chunk, which computes that token too.
         whole = not req.isolate and have >= len(prompt) and len(prompt) in slot.first
-        keep = len(prompt) if whole else min(have, len(prompt) - 1)
+        keep = media_boundary(prompt, len(prompt) if whole else min(have, len(prompt) - 1), req.media)
         self.llama.seq_trim(slot.seq, keep)
         slot.cached = slot.cached[:keep]
         slot.first = {n: row for n, row in slot.first.items() if n <= keep}

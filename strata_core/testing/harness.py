@@ -13,6 +13,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,7 +53,7 @@ class EngineProcess:
         draft_model: Path | None = None, spec_threshold: float = SpeculativeConfig().threshold,
         flash_attn: bool | None = None, spec_adaptive: bool = SpeculativeConfig().adaptive,
         prompt_cache_mib: int = EngineConfig().prompt_cache_mib,
-        cache_types: tuple[str, str] = ("f16", "f16"),
+        cache_types: tuple[str, str] = ("f16", "f16"), mmproj: Path | None = None,
     ) -> None:  # fmt: skip
         d = backend.engine_defaults()
         flash_attn = d.flash_attn if flash_attn is None else flash_attn
@@ -61,6 +63,7 @@ class EngineProcess:
             flash_attn=flash_attn, backend=backend.name,
             draft_model=str(draft_model) if draft_model else None, spec_threshold=spec_threshold,
             spec_adaptive=spec_adaptive, prompt_cache_mib=prompt_cache_mib, cache_types=cache_types,
+            mmproj=str(mmproj) if mmproj else None,
         )  # fmt: skip
         self.proc = subprocess.Popen(
             list(cmd.argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -126,6 +129,33 @@ def wait_healthy(proc: subprocess.Popen[Any], base: str, log: Path, timeout: flo
             pass
         time.sleep(0.2)
     raise TimeoutError(f"server not ready: {log.read_text()[-3000:]}")
+
+
+def llama_server_binary(engine: EngineBuild) -> Path | None:
+    """llama-server built in the engine's own CMake tree (bench/peers.py builds it there)."""
+    tree = engine.meta.get("build_dir")
+    found = sorted(Path(tree).rglob("llama-server")) if tree and Path(tree).is_dir() else []
+    return next((p for p in found if p.is_file() and os.access(p, os.X_OK)), None)
+
+
+@contextmanager
+def llama_server(binary: Path, args: list[str], log_path: Path) -> Iterator[str]:
+    """llama-server with ``args`` on a free loopback port, its console in ``log_path``; its
+    base URL once healthy."""
+    port = free_port()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([str(binary), "--host", "127.0.0.1", "--port", str(port), *args],
+                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        base = f"http://127.0.0.1:{port}"
+        try:
+            wait_healthy(proc, base, log_path)
+            yield base
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 class Server:

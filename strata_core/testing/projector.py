@@ -1,0 +1,108 @@
+"""A small vision projector with random weights, written with the ``gguf`` package: a CLIP
+vision tower and LLaVA's two-layer MLP projector (``clip.projector_type = mlp``), the
+layout llama.cpp's mtmd loads with ``--mmproj``. Its output width is the text model's
+embedding width, so it pairs with any text model (the default model's is 576).
+
+    python -m strata_core.testing.projector --n-embd 576 out-mmproj.gguf
+
+Images are resized to ``image_size`` pixels square and cut into ``patch_size`` patches:
+each image takes ``(image_size // patch_size) ** 2`` positions of the text model's context
+(16 by default). The same seed gives the same file.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import gguf
+import numpy as np
+
+
+class VisionShape(NamedTuple):
+    n_embd: int = 64
+    n_layer: int = 2  # LLaVA takes the features of the second-to-last block
+    n_head: int = 4
+    n_ff: int = 128
+    image_size: int = 32
+    patch_size: int = 8
+    mm_hidden: int = 128
+
+
+SMALL = VisionShape()
+
+
+def image_tokens(shape: VisionShape = SMALL) -> int:
+    """The positions one image takes in the text model's context."""
+    return (shape.image_size // shape.patch_size) ** 2
+
+
+def write_vision_projector(dst: Path, n_embd_text: int, shape: VisionShape = SMALL, seed: int = 0) -> None:
+    """An mmproj GGUF whose image embeddings are ``n_embd_text`` wide. The projector's last
+    layer is scaled so that its output is about as large as a text model's token
+    embeddings (standard deviation near 0.05)."""
+    writer = gguf.GGUFWriter(dst, "clip")
+    writer.add_name("strata-random-mmproj")
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_bool("clip.has_audio_encoder", False)
+    writer.add_string("clip.projector_type", "mlp")
+    writer.add_bool("clip.use_gelu", True)
+    writer.add_uint32("clip.vision.image_size", shape.image_size)
+    writer.add_uint32("clip.vision.patch_size", shape.patch_size)
+    writer.add_uint32("clip.vision.embedding_length", shape.n_embd)
+    writer.add_uint32("clip.vision.feed_forward_length", shape.n_ff)
+    writer.add_uint32("clip.vision.block_count", shape.n_layer)
+    writer.add_uint32("clip.vision.projection_dim", n_embd_text)
+    writer.add_uint32("clip.vision.attention.head_count", shape.n_head)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
+    writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    rng = np.random.default_rng(seed)
+    e, p = shape.n_embd, shape.patch_size
+    n_pos = image_tokens(shape)
+
+    def w(*dims: int, scale: float | None = None) -> np.ndarray[Any, Any]:
+        fan_in = int(np.prod(dims[1:]))
+        s = scale if scale is not None else 1.0 / np.sqrt(fan_in)
+        return (rng.standard_normal(dims, dtype=np.float32) * s).astype(np.float32)
+
+    ones, zeros = np.ones(e, dtype=np.float32), np.zeros(e, dtype=np.float32)
+    writer.add_tensor("v.patch_embd.weight", w(e, 3, p, p))
+    writer.add_tensor("v.patch_embd.bias", w(e, scale=0.02))
+    writer.add_tensor("v.position_embd.weight", w(n_pos, e, scale=0.02))
+    writer.add_tensor("v.pre_ln.weight", ones)
+    writer.add_tensor("v.pre_ln.bias", zeros)
+    for i in range(shape.n_layer):
+        b = f"v.blk.{i}."
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            writer.add_tensor(b + name + ".weight", w(e, e))
+            writer.add_tensor(b + name + ".bias", w(e, scale=0.02))
+        for name in ("ln1", "ln2"):
+            writer.add_tensor(b + name + ".weight", ones)
+            writer.add_tensor(b + name + ".bias", zeros)
+        writer.add_tensor(b + "ffn_up.weight", w(shape.n_ff, e))
+        writer.add_tensor(b + "ffn_up.bias", np.zeros(shape.n_ff, dtype=np.float32))
+        writer.add_tensor(b + "ffn_down.weight", w(e, shape.n_ff))
+        writer.add_tensor(b + "ffn_down.bias", zeros)
+    writer.add_tensor("mm.0.weight", w(shape.mm_hidden, e))
+    writer.add_tensor("mm.0.bias", np.zeros(shape.mm_hidden, dtype=np.float32))
+    writer.add_tensor("mm.2.weight", w(n_embd_text, shape.mm_hidden, scale=0.1 / np.sqrt(shape.mm_hidden)))
+    writer.add_tensor("mm.2.bias", np.zeros(n_embd_text, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m strata_core.testing.projector")
+    ap.add_argument("--n-embd", type=int, default=576, help="the text model's embedding width")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("dst", type=Path)
+    a = ap.parse_args(argv)
+    write_vision_projector(a.dst, a.n_embd, seed=a.seed)
+
+
+if __name__ == "__main__":
+    main()
