@@ -167,7 +167,7 @@ class Service:
         if kv:
             log.info("model %s: KV cache %s keys, %s values, %.1f MiB per slot (%d slots of %d tokens)",
                      self.model_id, kv["type_k"], kv["type_v"], kv["bytes_per_slot"] / (1 << 20),
-                     self.config.engine.parallel, info["n_ctx"])  # fmt: skip
+                     info.get("slots", 0), info["n_ctx"])  # fmt: skip
         self.template = ChatTemplate(
             info.get("chat_template") or FALLBACK_TEMPLATE,
             bos_token=info.get("bos_text", ""),
