@@ -6,7 +6,6 @@ turns its request into these calls and their pieces into its bodies."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
@@ -43,7 +42,6 @@ from strata_core.text.structured import Constraint
 from strata_core.text.tools import Dialect, call_grammar
 
 T = TypeVar("T")
-log = logging.getLogger("strata.api")
 #: What a spent reasoning budget makes the engine write: the marker, and the blank line
 #: that separates reasoning from answer in the thinking templates.
 THINK_CLOSE = "\n</think>\n\n"
@@ -163,11 +161,6 @@ class Service:
         await self.engine.wait_ready()
         info = self.engine.info
         self.pieces = await self.engine.vocab()
-        kv = info.get("kv_cache")
-        if kv:
-            log.info("model %s: KV cache %s keys, %s values, %.1f MiB per slot (%d slots of %d tokens)",
-                     self.model_id, kv["type_k"], kv["type_v"], kv["bytes_per_slot"] / (1 << 20),
-                     info.get("slots", 0), info["n_ctx"])  # fmt: skip
         self.template = ChatTemplate(
             info.get("chat_template") or FALLBACK_TEMPLATE,
             bos_token=info.get("bos_text", ""),
@@ -182,6 +175,15 @@ class Service:
             return int(self.engine.info["slots"])
         parallel = self.config.engine.parallel
         return parallel if isinstance(parallel, int) else CPU_PARALLEL
+
+    def kv_summary(self) -> str:
+        """The KV cache as the start-up line reports it: types, and memory per slot."""
+        info = self.engine.info
+        kv = info.get("kv_cache")
+        if not kv:
+            return ""
+        return (f"KV cache {kv['type_k']}/{kv['type_v']}: {kv['bytes_per_slot'] / (1 << 20):.1f} MiB per slot "
+                f"({info.get('slots')} slots of {info.get('n_ctx')} tokens)")  # fmt: skip
 
     @property
     def n_ctx(self) -> int:
