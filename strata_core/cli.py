@@ -266,9 +266,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     async def announce() -> None:
         for spec in specs:
+            service = pool.entry(spec.name).service
+            kv = f"; {service.kv_summary()}" if service is not None and service.kv_summary() else ""
             print(
                 f"Strata serving {spec.name} on http://{host}:{port}/v1 "
-                f"(backend {spec.backend.name}, model file {spec.path})",
+                f"(backend {spec.backend.name}, model file {spec.path}{kv})",
                 flush=True,
             )
 

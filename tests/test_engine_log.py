@@ -41,6 +41,8 @@ def test_the_engine_logs_to_its_file_not_the_console(server: Server) -> None:
         assert line not in console
     assert f"the engine logs to {server.engine_log}" in console
     assert "Strata serving smollm2-135m-instruct on http://" in console
+    # the session server: 4 slots of 1024 tokens, 30 layers x 2 x 192 f16 values a token
+    assert "KV cache f16/f16: 22.5 MiB per slot (4 slots of 1024 tokens)" in console
     info = httpx.get(f"{server.base}/v1/strata/backend").json()
     assert info["engine_log"] == str(server.engine_log)
 

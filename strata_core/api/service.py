@@ -6,7 +6,6 @@ turns its request into these calls and their pieces into its bodies."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
@@ -45,7 +44,6 @@ from strata_core.text.tool_setup import ToolSetup
 from strata_core.text.tools import Dialect
 
 T = TypeVar("T")
-log = logging.getLogger("strata.api")
 #: What a spent reasoning budget makes the engine write: the marker, and the blank line
 #: that separates reasoning from answer in the thinking templates.
 
@@ -167,11 +165,6 @@ class Service:
         await self.engine.wait_ready()
         info = self.engine.info
         self.pieces = await self.engine.vocab()
-        kv = info.get("kv_cache")
-        if kv:
-            log.info("model %s: KV cache %s keys, %s values, %.1f MiB per slot (%d slots of %d tokens)",
-                     self.model_id, kv["type_k"], kv["type_v"], kv["bytes_per_slot"] / (1 << 20),
-                     self.slots, info["n_ctx"])  # fmt: skip
         source = self.chat_template or info.get("chat_template")
         if source:  # none: chat requests are refused (chat_prompt), completions still run
             self.template = ChatTemplate(source, bos_token=info.get("bos_text", ""), eos_token=info.get("eos_text", ""))
@@ -184,6 +177,15 @@ class Service:
             return int(self.engine.info["slots"])
         parallel = self.config.engine.parallel
         return parallel if isinstance(parallel, int) else CPU_PARALLEL
+
+    def kv_summary(self) -> str:
+        """The KV cache as the start-up line reports it: types, and memory per slot."""
+        info = self.engine.info
+        kv = info.get("kv_cache")
+        if not kv:
+            return ""
+        return (f"KV cache {kv['type_k']}/{kv['type_v']}: {kv['bytes_per_slot'] / (1 << 20):.1f} MiB per slot "
+                f"({info.get('slots')} slots of {info.get('n_ctx')} tokens)")  # fmt: skip
 
     @property
     def n_ctx(self) -> int:

@@ -187,7 +187,7 @@ def fit_parallel(args: argparse.Namespace, ll: Any) -> None:
     gpu = args.n_gpu_layers != 0 and bool(ll.llama_supports_gpu_offload())
     free = device_free_memory(os.path.dirname(ll._lib._name)) if gpu else None
     extra = os.path.getsize(args.draft_model) if args.draft_model else 0
-    fit = auto_slots(args.model, args.n_ctx, min(args.n_batch, 512), free, extra)
+    fit = auto_slots(args.model, args.n_ctx, min(args.n_batch, 512), free, extra, (args.cache_type_k, args.cache_type_v))
     args.parallel, args.n_ctx = (fit.slots, fit.n_ctx) if fit else (CPU_PARALLEL, args.n_ctx)
     args.fit = fit.describe() if fit else f"parallel auto: {CPU_PARALLEL} slots (no GPU)"
     print(args.fit, file=sys.stderr)

@@ -21,7 +21,9 @@ MARGIN = 1024 * MIB  # free memory left on the device (fit.cpp's --fit-target de
 N_CTX_MIN = 4096  # the least context per slot before giving up slots (fit.cpp's default)
 AUTO_MOST = 64  # beyond this many slots the host's share of a step keeps growing
 CPU_PARALLEL = 4  # a CPU's slots: its step cost grows with every row
-KV_BYTES = 2  # an f16 cache element
+#: Each KV cache type's block: (bytes, elements) (ggml's type traits; config.CACHE_TYPES).
+KV_BLOCKS = {"f16": (2, 1), "bf16": (2, 1), "q8_0": (34, 32), "q5_1": (24, 32), "q5_0": (22, 32),
+             "q4_1": (20, 32), "q4_0": (18, 32), "iq4_nl": (18, 32)}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -62,9 +64,10 @@ def fit_slots(free: int, weights: int, compute: int, kv_per_token: int, n_ctx: i
     return Fit(1, int(ctx), free, need, kv_per_token)
 
 
-def kv_bytes_per_token(meta: Callable[[str], object | None]) -> int:
+def kv_bytes_per_token(meta: Callable[[str], object | None], cache_types: tuple[str, str] = ("f16", "f16")) -> int:
     """KV cache bytes one token takes, all layers, from the model's GGUF metadata (``meta``:
-    key -> value or None): layers x KV heads x (key + value head size) x 2 bytes."""
+    key -> value or None): layers x (a key row + a value row), a row being KV heads x head
+    size elements stored in ``cache_types`` (keys, values)."""
     arch = meta("general.architecture")
 
     def num(key: str, default: int | None = None) -> int:
@@ -81,7 +84,11 @@ def kv_bytes_per_token(meta: Callable[[str], object | None]) -> int:
     head_dim = num("embedding_length") // heads
     kv_heads = num("attention.head_count_kv", heads)
     k, v = num("attention.key_length", head_dim), num("attention.value_length", head_dim)
-    return num("block_count") * kv_heads * (k + v) * KV_BYTES
+    def row(n: int, kv_type: str) -> int:
+        block_bytes, block = KV_BLOCKS[kv_type]
+        return -(-n // block) * block_bytes
+
+    return num("block_count") * (row(kv_heads * k, cache_types[0]) + row(kv_heads * v, cache_types[1]))
 
 
 def compute_bytes(n_vocab: int, n_embd: int, n_ubatch: int) -> int:
@@ -90,9 +97,11 @@ def compute_bytes(n_vocab: int, n_embd: int, n_ubatch: int) -> int:
     return n_ubatch * 4 * (n_vocab + 16 * n_embd)
 
 
-def auto_slots(model: str, n_ctx: int, n_ubatch: int, free: int | None, extra_weights: int = 0) -> Fit | None:
+def auto_slots(model: str, n_ctx: int, n_ubatch: int, free: int | None, extra_weights: int = 0,
+               cache_types: tuple[str, str] = ("f16", "f16")) -> Fit | None:  # fmt: skip
     """``parallel = "auto"`` for ``model`` on a device with ``free`` bytes (None: no GPU,
-    where the caller keeps CPU_PARALLEL); ``extra_weights``: a draft model's bytes."""
+    where the caller keeps CPU_PARALLEL); ``extra_weights``: a draft model's bytes;
+    ``cache_types``: the KV cache's (keys, values)."""
     if free is None:
         return None
     meta = gguf_meta(model)
@@ -101,7 +110,8 @@ def auto_slots(model: str, n_ctx: int, n_ubatch: int, free: int | None, extra_we
     n_vocab = len(tokens) if isinstance(tokens, (list, tuple)) else 0
     n_embd = int(meta(f"{arch}.embedding_length") or 0)  # type: ignore[call-overload]
     weights = os.path.getsize(model) + extra_weights  # what the device holds: the file's tensors
-    return fit_slots(free, weights, compute_bytes(n_vocab, n_embd, n_ubatch), kv_bytes_per_token(meta), n_ctx)
+    return fit_slots(free, weights, compute_bytes(n_vocab, n_embd, n_ubatch),
+                     kv_bytes_per_token(meta, cache_types), n_ctx)  # fmt: skip
 
 
 def gguf_meta(path: str) -> Callable[[str], object | None]:

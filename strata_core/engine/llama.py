@@ -36,12 +36,8 @@ class ModelOptions:
     loras: tuple[tuple[str, float], ...] = ()  # LoRA adapters: (path, the scale requests get by default)
 
 
-#: Each KV cache type's enum ggml_type value (ggml.h; the bindings lack BF16) and the
-#: (bytes, elements) of one block (ggml's type traits).
-KV_TYPES = {
-    "f16": (1, 2, 1), "bf16": (30, 2, 1), "q8_0": (8, 34, 32), "q5_1": (7, 24, 32), "q5_0": (6, 22, 32),
-    "q4_1": (3, 20, 32), "q4_0": (2, 18, 32), "iq4_nl": (20, 18, 32),
-}  # fmt: skip
+#: Each KV cache type's enum ggml_type value (ggml.h; the bindings lack BF16).
+KV_TYPES = {"f16": 1, "bf16": 30, "q8_0": 8, "q5_1": 7, "q5_0": 6, "q4_1": 3, "q4_0": 2, "iq4_nl": 20}
 
 
 #: llama.cpp's enum llama_pooling_type, by the names READY reports.
@@ -160,7 +156,7 @@ class Llama:
             cparams.flash_attn_type = (
                 ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
             )
-        cparams.type_k, cparams.type_v = (KV_TYPES[t][0] for t in opts.cache_types)
+        cparams.type_k, cparams.type_v = (KV_TYPES[t] for t in opts.cache_types)
         ctx = ll.llama_init_from_model(model, cparams)
         if not ctx:
             types = f" with cache types {'/'.join(opts.cache_types)}" if opts.cache_types != ("f16", "f16") else ""
@@ -286,20 +282,17 @@ class Llama:
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
     def _kv_bytes_per_slot(self, type_k: str, type_v: str) -> int:
-        """One slot's KV cache in bytes: every layer's keys and values for n_ctx tokens (the
-        model's head sizes from its GGUF, else n_embd / n_head), rows stored in ``type_*``."""
-        arch = self._meta("general.architecture") or ""
-        n_head = int(ll.llama_model_n_head(self.model)) or 1
-        n_head_kv = int(ll.llama_model_n_head_kv(self.model))
-        default = int(ll.llama_model_n_embd(self.model)) // n_head
+        """One slot's KV cache in bytes: n_ctx tokens of fit.kv_bytes_per_token (the model's
+        layer and head sizes from its GGUF, rows stored in ``type_*``)."""
+        from strata_core.engine.fit import kv_bytes_per_token
 
-        def row(kind: str, kv_type: str) -> int:
-            size = self._meta(f"{arch}.attention.{kind}_length")
-            n = n_head_kv * (int(size) if size and size.isdigit() else default)
-            _, block_bytes, block = KV_TYPES[kv_type]
-            return -(-n // block) * block_bytes
+        def meta(key: str) -> int | str | None:
+            value = self._meta(key)
+            if key == "general.architecture" or value is None:
+                return value
+            return int(value) if value.isdigit() else None  # a per-layer list: its key's default
 
-        return int(ll.llama_model_n_layer(self.model)) * self.n_ctx * (row("key", type_k) + row("value", type_v))
+        return kv_bytes_per_token(meta, (type_k, type_v)) * self.n_ctx
 
     def _own_pooling(self) -> str:
         """The pooling the model's GGUF names (embedding models carry one), else mean: a
