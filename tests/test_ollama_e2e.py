@@ -232,3 +232,15 @@ def test_pull_serve_unload_and_delete_a_catalog_model(client: Any, served: tuple
     with pytest.raises(ollama.ResponseError) as e:
         client.pull("strata/Nothing-GGUF")
     assert e.value.status_code == 404 and "no repository" in e.value.error
+
+
+def test_pull_and_delete_need_the_catalog(server: Server) -> None:
+    """Without [server] catalog the hub's cache, which other tools share, is not the clients' to change."""
+    c = ollama.Client(host=server.base, timeout=120)
+    for call in (lambda: c.pull("acme/Tiny-GGUF"), lambda: c.delete("acme/Tiny-GGUF:Q4_K_M")):
+        with pytest.raises(ollama.ResponseError) as e:
+            call()
+        assert e.value.status_code == 403 and "[server] catalog" in e.value.error
+    assert [m.model for m in c.list().models] == ["smollm2-135m-instruct"]
+    r = c.chat(model="default", messages=HELLO, options=GREEDY)  # an alias, as with the other APIs
+    assert r.done and r.eval_count == 12

@@ -67,7 +67,14 @@ def error_body(exc: ApiError) -> dict[str, Any]:
     return {"error": exc.message}
 
 
-def route(body: type[Any] | None, what: str, reply: dict[str, Any], stream: bool = False) -> dict[str, Any]:
+#: /api/pull and /api/delete change the hub's cache, which other tools share: only a server
+#: that serves it ([server] catalog) lets clients do that.
+MANAGED = {403: {"description": "model management is off ([server] catalog = false)",
+                 "content": {"application/json": {"schema": ERROR}}}}  # fmt: skip
+
+
+def route(body: type[Any] | None, what: str, reply: dict[str, Any], stream: bool = False,
+          managing: bool = False) -> dict[str, Any]:  # fmt: skip
     """A route's OpenAPI details with Ollama's error object for every status."""
     if body is not None:
         details = openapi.route(body, what, reply, stream=False, error_schema=ERROR)
@@ -76,7 +83,16 @@ def route(body: type[Any] | None, what: str, reply: dict[str, Any], stream: bool
         details = {"summary": what, "responses": {200: {"description": what, "content": {"application/json": {"schema": reply}}}, **errors}}  # fmt: skip
     if stream:  # one JSON object a line: no schema for the whole body
         details["responses"][200]["content"][NDJSON] = {}
+    if managing:
+        details["responses"].update(MANAGED)
     return details
+
+
+def check_managed(request: Request, what: str) -> None:
+    if pool_of(request).source is None:
+        raise ApiError(403, f"{what} is off on this server: it changes the hub's cache, which only a server "
+                       "with [server] catalog = true manages (or use `strata pull` / `strata models rm`)",
+                       type="permission_error", code="model_management_off")  # fmt: skip
 
 
 def now_iso() -> str:
@@ -402,9 +418,10 @@ async def show(request: Request) -> dict[str, Any]:
             "model_info": info, "capabilities": capabilities, "modified_at": row["modified_at"]}  # fmt: skip
 
 
-@router.delete("/api/delete", **route(NameBody, "the model's files removed (Ollama)", {"type": "object"}))
+@router.delete("/api/delete", **route(NameBody, "the model's files removed (Ollama)", {"type": "object"}, managing=True))
 async def delete(request: Request) -> dict[str, Any]:
     body = parse_request(NameBody, await json_body(request))
+    check_managed(request, "deleting models")
     local = catalog.find(body.model_name)
     if local is None:
         raise ApiError(404, f"model {body.model_name!r} not found among the local models (the hub's cache)",
@@ -414,9 +431,11 @@ async def delete(request: Request) -> dict[str, Any]:
     return {}
 
 
-@router.post("/api/pull", **route(NameBody, "the pull's progress (Ollama)", {"type": "object", "required": ["status"]}, stream=True))
+@router.post("/api/pull", **route(NameBody, "the pull's progress (Ollama)", {"type": "object", "required": ["status"]}, stream=True,
+                                      managing=True))  # fmt: skip
 async def pull(request: Request) -> Response:
     body = parse_request(NameBody, await json_body(request))
+    check_managed(request, "pulling models")
     repo, quant = catalog.normalize(body.model_name)
     try:
         ref = hub.parse_ref(f"hf:{repo}" + (f":{quant}" if quant else ""))
