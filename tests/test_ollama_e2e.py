@@ -179,6 +179,16 @@ def test_tools_calls_with_object_arguments_and_a_round_trip(client: Any) -> None
     assert back.done
 
 
+def test_think_opens_the_templates_reasoning(client: Any) -> None:
+    # the configured template opens <think> with enable_thinking: what follows is thinking
+    r = client.chat(model="smol", messages=HELLO, think=True, options=GREEDY)
+    assert r.message.thinking and r.message.content == "" and "<think>" not in r.message.thinking
+    plain = client.chat(model="smol", messages=HELLO, think=False, options=GREEDY)
+    assert plain.message.content and not plain.message.thinking
+    parts = list(client.chat(model="smol", messages=HELLO, think=True, options=GREEDY, stream=True))
+    assert "".join(p.message.thinking or "" for p in parts) == r.message.thinking
+
+
 def test_seeded_replay(client: Any) -> None:
     opts = {"temperature": 1.0, "seed": 1234, "num_predict": 16}
     one = client.generate(model="smol", prompt="Once upon a time", options=opts).response
