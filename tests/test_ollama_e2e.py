@@ -246,7 +246,7 @@ def test_pull_serve_unload_and_delete_a_catalog_model(client: Any, served: tuple
 
 def test_pull_and_delete_need_the_catalog(server: Server) -> None:
     """Without [server] catalog the hub's cache, which other tools share, is not the clients' to change."""
-    c = ollama.Client(host=server.base, timeout=120)
+    c = ollama.Client(host=server.base, timeout=600)
     for call in (lambda: c.pull("acme/Tiny-GGUF"), lambda: c.delete("acme/Tiny-GGUF:Q4_K_M")):
         with pytest.raises(ollama.ResponseError) as e:
             call()
