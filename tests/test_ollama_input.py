@@ -45,9 +45,12 @@ def test_format_think_and_keep_alive() -> None:
     assert rf is not None and rf.type == "json_schema"
     assert chat(think=False).chat_request().chat_template_kwargs == {"enable_thinking": False}
     assert chat(think="high").chat_request().chat_template_kwargs == {"enable_thinking": True}
-    assert [chat(keep_alive=k).unload_after() for k in (0, "0", "0s", "5m", -1, None)] == [True, True, True, False, False, False]
-    with pytest.raises(ApiError, match="keep_alive"):
-        chat(keep_alive="soon").unload_after()
+    assert [chat(keep_alive=k).unload_after() for k in (0, "0", "0s", "5m", "1h30m", -1, None)] == [
+        True, True, True, False, False, False, False]  # fmt: skip
+    for bad in ("soon", "", "5 m", "m"):
+        with pytest.raises(ApiError) as e:
+            chat(keep_alive=bad)
+        assert e.value.status == 400 and e.value.param == "keep_alive"
 
 
 def test_tool_calls_and_results_in_ollamas_shape() -> None:

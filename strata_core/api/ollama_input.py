@@ -14,6 +14,7 @@ template's ``enable_thinking``.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -144,17 +145,15 @@ class Generation(Strict):
     keep_alive: float | str | None = None
     think: bool | Literal["low", "medium", "high"] | None = None
 
+    @field_validator("keep_alive")
+    @classmethod
+    def _duration(cls, value: float | str | None) -> float | str | None:
+        keep_alive_seconds(value)
+        return value
+
     def unload_after(self) -> bool:
         """``keep_alive`` 0 ("0", "0s", 0): stop the model once this request is done."""
-        k = self.keep_alive
-        if isinstance(k, str):
-            k = k.strip().rstrip("smh") or "1"
-            try:
-                return float(k) == 0
-            except ValueError:
-                raise ApiError(400, f"keep_alive = {self.keep_alive!r}: expected seconds or a duration "
-                               "such as \"5m\"", param="keep_alive", code="invalid_value") from None  # fmt: skip
-        return k is not None and k == 0
+        return keep_alive_seconds(self.keep_alive) == 0
 
     def common(self) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.model, **(self.options or OllamaOptions()).sampling()}
@@ -239,6 +238,19 @@ class OllamaModelName(Strict):
     @property
     def model_name(self) -> str:
         return self.model or self.name or ""
+
+
+def keep_alive_seconds(value: float | str | None) -> float | None:
+    """``keep_alive`` in seconds: a number, or Go's durations as Ollama takes them ("5m", "1h30m", "0")."""
+    if value is None or isinstance(value, (int, float)):
+        return value
+    text, total = value.strip(), 0.0
+    parts = re.findall(r"(-?\d+(?:\.\d+)?)(h|ms|m|s)?", text)
+    if not text or "".join(n + u for n, u in parts) != text:
+        raise invalid(f"{value!r} is not seconds or a duration such as \"5m\"")
+    for number, unit in parts:
+        total += float(number) * {"h": 3600, "m": 60, "s": 1, "ms": 0.001, "": 1}[unit]
+    return total
 
 
 def parsed(cls: type[ChatRequest] | type[CompletionRequest], body: dict[str, Any]) -> Any:
