@@ -179,6 +179,16 @@ def test_tools_calls_with_object_arguments_and_a_round_trip(client: Any) -> None
     assert back.done
 
 
+def test_think_opens_the_templates_reasoning(client: Any) -> None:
+    # the configured template opens <think> with enable_thinking: what follows is thinking
+    r = client.chat(model="smol", messages=HELLO, think=True, options=GREEDY)
+    assert r.message.thinking and r.message.content == "" and "<think>" not in r.message.thinking
+    plain = client.chat(model="smol", messages=HELLO, think=False, options=GREEDY)
+    assert plain.message.content and not plain.message.thinking
+    parts = list(client.chat(model="smol", messages=HELLO, think=True, options=GREEDY, stream=True))
+    assert "".join(p.message.thinking or "" for p in parts) == r.message.thinking
+
+
 def test_seeded_replay(client: Any) -> None:
     opts = {"temperature": 1.0, "seed": 1234, "num_predict": 16}
     one = client.generate(model="smol", prompt="Once upon a time", options=opts).response
@@ -232,3 +242,15 @@ def test_pull_serve_unload_and_delete_a_catalog_model(client: Any, served: tuple
     with pytest.raises(ollama.ResponseError) as e:
         client.pull("strata/Nothing-GGUF")
     assert e.value.status_code == 404 and "no repository" in e.value.error
+
+
+def test_pull_and_delete_need_the_catalog(server: Server) -> None:
+    """Without [server] catalog the hub's cache, which other tools share, is not the clients' to change."""
+    c = ollama.Client(host=server.base, timeout=600)
+    for call in (lambda: c.pull("acme/Tiny-GGUF"), lambda: c.delete("acme/Tiny-GGUF:Q4_K_M")):
+        with pytest.raises(ollama.ResponseError) as e:
+            call()
+        assert e.value.status_code == 403 and "[server] catalog" in e.value.error
+    assert [m.model for m in c.list().models] == ["smollm2-135m-instruct"]
+    r = c.chat(model="default", messages=HELLO, options=GREEDY)  # an alias, as with the other APIs
+    assert r.done and r.eval_count == 12

@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from strata_core.api.ollama_input import ChatBody, GenerateBody, NameBody
+from strata_core.api.ollama_input import OllamaChat, OllamaGenerate, OllamaModelName
 from strata_core.errors import ApiError
 from strata_core.requests import parse_request
 
 
-def chat(**body: object) -> ChatBody:
-    return parse_request(ChatBody, {"model": "m", "messages": [{"role": "user", "content": "hi"}], **body})
+def chat(**body: object) -> OllamaChat:
+    return parse_request(OllamaChat, {"model": "m", "messages": [{"role": "user", "content": "hi"}], **body})
 
 
 def test_options_map_onto_strata_sampling() -> None:
@@ -45,9 +45,12 @@ def test_format_think_and_keep_alive() -> None:
     assert rf is not None and rf.type == "json_schema"
     assert chat(think=False).chat_request().chat_template_kwargs == {"enable_thinking": False}
     assert chat(think="high").chat_request().chat_template_kwargs == {"enable_thinking": True}
-    assert [chat(keep_alive=k).unload_after() for k in (0, "0", "0s", "5m", -1, None)] == [True, True, True, False, False, False]
-    with pytest.raises(ApiError, match="keep_alive"):
-        chat(keep_alive="soon").unload_after()
+    assert [chat(keep_alive=k).unload_after() for k in (0, "0", "0s", "5m", "1h30m", -1, None)] == [
+        True, True, True, False, False, False, False]  # fmt: skip
+    for bad in ("soon", "", "5 m", "m"):
+        with pytest.raises(ApiError) as e:
+            chat(keep_alive=bad)
+        assert e.value.status == 400 and e.value.param == "keep_alive"
 
 
 def test_tool_calls_and_results_in_ollamas_shape() -> None:
@@ -59,25 +62,42 @@ def test_tool_calls_and_results_in_ollamas_shape() -> None:
         {"role": "tool", "tool_name": "get_weather", "content": "sunny"},
         {"role": "tool", "tool_name": "get_weather", "content": "rain"},
     ]  # fmt: skip
-    req = parse_request(ChatBody, {"model": "m", "messages": messages}).chat_request()
+    req = parse_request(OllamaChat, {"model": "m", "messages": messages}).chat_request()
     calls = req.messages[1].tool_calls
     assert calls is not None and [json.loads(c.function.arguments) for c in calls] == [{"city": "Paris"}, {"city": "Rome"}]
     assert [m.tool_call_id for m in req.messages[2:]] == [calls[0].id, calls[1].id]
     lone = [{"role": "user", "content": "x"}, {"role": "tool", "tool_name": "f", "content": "y"}]
     with pytest.raises(ApiError, match="no tool call before it"):
-        parse_request(ChatBody, {"model": "m", "messages": lone}).chat_request()
+        parse_request(OllamaChat, {"model": "m", "messages": lone}).chat_request()
 
 
 def test_generate_and_refusals() -> None:
-    g = parse_request(GenerateBody, {"model": "m", "prompt": "hi", "system": "be brief"})
+    g = parse_request(OllamaGenerate, {"model": "m", "prompt": "hi", "system": "be brief"})
     assert [m.role for m in g.chat_request().messages] == ["system", "user"]
     assert g.completion_request().prompt == "hi"
     for body, param in [({"images": ["aGk="]}, "images"), ({"suffix": "x"}, "suffix"), ({"context": [1, 2]}, "context")]:
         with pytest.raises(ApiError) as e:
-            parse_request(GenerateBody, {"model": "m", "prompt": "hi", **body})
+            parse_request(OllamaGenerate, {"model": "m", "prompt": "hi", **body})
         assert e.value.status == 400 and e.value.param == param
     with pytest.raises(ApiError, match="images"):
         chat(messages=[{"role": "user", "content": "x", "images": ["aGk="]}])
-    assert parse_request(NameBody, {"name": "a/b"}).model_name == "a/b"
+    assert parse_request(OllamaModelName, {"name": "a/b"}).model_name == "a/b"
     with pytest.raises(ApiError):
-        parse_request(NameBody, {})
+        parse_request(OllamaModelName, {})
+
+
+def test_openapi_component_names_do_not_collide() -> None:
+    """/openapi.json puts every body's nested models among its components by class name: a
+    model of Ollama's named like another family's (Anthropic's Message) would overwrite it."""
+    import strata_core.api.app  # noqa: F401  (every family's routes register their bodies)
+    from strata_core.api.openapi import _BODIES, REF
+
+    def components(model: type) -> dict[str, object]:
+        schema = model.model_json_schema(ref_template=REF)  # type: ignore[attr-defined]
+        return {**schema.pop("$defs", {}), model.__name__: schema}
+
+    ours = [m for m in _BODIES if m.__module__.endswith("ollama_input")]
+    assert len(ours) == 5
+    others = {name for m in _BODIES if m not in ours for name in components(m)}
+    clash = {name for m in ours for name in components(m)} & others
+    assert not clash

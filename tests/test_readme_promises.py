@@ -74,6 +74,13 @@ def test_api_key_from_the_config_file(cpu_engine: EngineBuild, tmp_path: Path) -
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
         client = openai.OpenAI(base_url=f"{srv.base}/v1", api_key="from-the-file", max_retries=0, timeout=120)
         assert client.completions.create(model="default", prompt="Hi", max_tokens=1).usage is not None
+        # Ollama's routes too, answered in Ollama's shape; its client sends the key as a header
+        r = httpx.post(f"{srv.base}/api/chat", json={"model": "default", "messages": []})
+        assert r.status_code == 401 and "API key" in r.json()["error"]
+        import ollama
+
+        keyed = ollama.Client(host=srv.base, headers={"Authorization": "Bearer from-the-file"}, timeout=120)
+        assert [m.model for m in keyed.list().models] == ["smollm2-135m-instruct"]
 
 
 def test_frequency_penalty_over_http(client: openai.OpenAI) -> None:

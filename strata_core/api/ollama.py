@@ -30,13 +30,13 @@ from strata_core.api.blocks import Block, Closed, Grew, blocks_of, stream_blocks
 from strata_core.api.embeddings import normalized, token_inputs, with_specials
 from strata_core.api.messages_input import arguments_object
 from strata_core.api.ollama_input import (
-    ChatBody,
-    EmbedBody,
-    EmbeddingsBody,
-    GenerateBody,
     Generation,
-    NameBody,
-    Options,
+    OllamaChat,
+    OllamaEmbed,
+    OllamaEmbeddings,
+    OllamaGenerate,
+    OllamaModelName,
+    OllamaOptions,
 )
 from strata_core.api.pool import Loaded, ModelPool
 from strata_core.api.service import ChatRun, Service, engine_unavailable, json_body, until_done
@@ -67,7 +67,14 @@ def error_body(exc: ApiError) -> dict[str, Any]:
     return {"error": exc.message}
 
 
-def route(body: type[Any] | None, what: str, reply: dict[str, Any], stream: bool = False) -> dict[str, Any]:
+#: /api/pull and /api/delete change the hub's cache, which other tools share: only a server
+#: that serves it ([server] catalog) lets clients do that.
+MANAGED = {403: {"description": "model management is off ([server] catalog = false)",
+                 "content": {"application/json": {"schema": ERROR}}}}  # fmt: skip
+
+
+def route(body: type[Any] | None, what: str, reply: dict[str, Any], stream: bool = False,
+          managing: bool = False) -> dict[str, Any]:  # fmt: skip
     """A route's OpenAPI details with Ollama's error object for every status."""
     if body is not None:
         details = openapi.route(body, what, reply, stream=False, error_schema=ERROR)
@@ -76,7 +83,16 @@ def route(body: type[Any] | None, what: str, reply: dict[str, Any], stream: bool
         details = {"summary": what, "responses": {200: {"description": what, "content": {"application/json": {"schema": reply}}}, **errors}}  # fmt: skip
     if stream:  # one JSON object a line: no schema for the whole body
         details["responses"][200]["content"][NDJSON] = {}
+    if managing:
+        details["responses"].update(MANAGED)
     return details
+
+
+def check_managed(request: Request, what: str) -> None:
+    if pool_of(request).source is None:
+        raise ApiError(403, f"{what} is off on this server: it changes the hub's cache, which only a server "
+                       "with [server] catalog = true manages (or use `strata pull` / `strata models rm`)",
+                       type="permission_error", code="model_management_off")  # fmt: skip
 
 
 def now_iso() -> str:
@@ -214,7 +230,7 @@ async def answer(request: Request, service: Service, run: ChatRun, chat: bool, t
     return JSONResponse(reply, headers=headers)
 
 
-def check_context(service: Service, options: Options | None) -> None:
+def check_context(service: Service, options: OllamaOptions | None) -> None:
     n = options.num_ctx if options is not None else None
     if n is not None and n > service.n_ctx:
         raise ApiError(400, f"options.num_ctx = {n} is more than this server's context for the model "
@@ -236,9 +252,9 @@ async def load_only(request: Request, body: Generation, chat: bool) -> Response:
                          "done": True, "done_reason": reason})  # fmt: skip
 
 
-@router.post("/api/chat", **route(ChatBody, "a chat reply (Ollama)", _DONE, stream=True))
+@router.post("/api/chat", **route(OllamaChat, "a chat reply (Ollama)", _DONE, stream=True))
 async def chat(request: Request) -> Response:
-    body = parse_request(ChatBody, await json_body(request))
+    body = parse_request(OllamaChat, await json_body(request))
     if not body.messages:
         return await load_only(request, body, chat=True)
     req = body.chat_request()
@@ -249,9 +265,9 @@ async def chat(request: Request) -> Response:
     return await answer(request, service, run, True, timing, body)
 
 
-@router.post("/api/generate", **route(GenerateBody, "a generation (Ollama)", _DONE, stream=True))
+@router.post("/api/generate", **route(OllamaGenerate, "a generation (Ollama)", _DONE, stream=True))
 async def generate(request: Request) -> Response:
-    body = parse_request(GenerateBody, await json_body(request))
+    body = parse_request(OllamaGenerate, await json_body(request))
     if not body.prompt and not body.system:
         return await load_only(request, body, chat=False)
     service, load_ns = await service_named(request, body.model)
@@ -281,9 +297,9 @@ async def raw_run(service: Service, req: BaseRequest) -> ChatRun:
 _EMBED = {"type": "object", "required": ["model", "embeddings"]}
 
 
-@router.post("/api/embed", **route(EmbedBody, "embeddings (Ollama)", _EMBED))
+@router.post("/api/embed", **route(OllamaEmbed, "embeddings (Ollama)", _EMBED))
 async def embed(request: Request) -> dict[str, Any]:
-    body = parse_request(EmbedBody, await json_body(request))
+    body = parse_request(OllamaEmbed, await json_body(request))
     service, load_ns = await service_named(request, body.model)
     timing = Timing(load_ns)
     texts = [body.input] if isinstance(body.input, str) else body.input
@@ -296,10 +312,10 @@ async def embed(request: Request) -> dict[str, Any]:
             "total_duration": stats["total_duration"], "load_duration": load_ns, "prompt_eval_count": n}  # fmt: skip
 
 
-@router.post("/api/embeddings", **route(EmbeddingsBody, "an embedding (Ollama's older route)",
+@router.post("/api/embeddings", **route(OllamaEmbeddings, "an embedding (Ollama's older route)",
                                         {"type": "object", "required": ["embedding"]}))  # fmt: skip
 async def embeddings(request: Request) -> dict[str, Any]:
-    body = parse_request(EmbeddingsBody, await json_body(request))
+    body = parse_request(OllamaEmbeddings, await json_body(request))
     service, _ = await service_named(request, body.model)
     vectors, _n = await embeddings_of(request, service, [body.prompt], truncate=True)
     return {"embedding": list(vectors[0])}  # as the model gives it, not normalised (as Ollama's)
@@ -382,9 +398,9 @@ async def version() -> dict[str, str]:
     return {"version": OLLAMA_VERSION}
 
 
-@router.post("/api/show", **route(NameBody, "a model's details (Ollama)", {"type": "object", "required": ["details"]}))
+@router.post("/api/show", **route(OllamaModelName, "a model's details (Ollama)", {"type": "object", "required": ["details"]}))
 async def show(request: Request) -> dict[str, Any]:
-    body = parse_request(NameBody, await json_body(request))
+    body = parse_request(OllamaModelName, await json_body(request))
     entry = entry_for(request, body.model_name)
     spec = entry.spec
     facts = catalog.facts_or_none(spec.path)
@@ -403,9 +419,10 @@ async def show(request: Request) -> dict[str, Any]:
             "model_info": info, "capabilities": capabilities, "modified_at": row["modified_at"]}  # fmt: skip
 
 
-@router.delete("/api/delete", **route(NameBody, "the model's files removed (Ollama)", {"type": "object"}))
+@router.delete("/api/delete", **route(OllamaModelName, "the model's files removed (Ollama)", {"type": "object"}, managing=True))
 async def delete(request: Request) -> dict[str, Any]:
-    body = parse_request(NameBody, await json_body(request))
+    body = parse_request(OllamaModelName, await json_body(request))
+    check_managed(request, "deleting models")
     local = catalog.find(body.model_name)
     if local is None:
         raise ApiError(404, f"model {body.model_name!r} not found among the local models (the hub's cache)",
@@ -415,9 +432,11 @@ async def delete(request: Request) -> dict[str, Any]:
     return {}
 
 
-@router.post("/api/pull", **route(NameBody, "the pull's progress (Ollama)", {"type": "object", "required": ["status"]}, stream=True))
+@router.post("/api/pull", **route(OllamaModelName, "the pull's progress (Ollama)", {"type": "object", "required": ["status"]}, stream=True,
+                                      managing=True))  # fmt: skip
 async def pull(request: Request) -> Response:
-    body = parse_request(NameBody, await json_body(request))
+    body = parse_request(OllamaModelName, await json_body(request))
+    check_managed(request, "pulling models")
     repo, quant = catalog.normalize(body.model_name)
     try:
         ref = hub.parse_ref(f"hf:{repo}" + (f":{quant}" if quant else ""))

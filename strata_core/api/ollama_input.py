@@ -14,6 +14,7 @@ template's ``enable_thinking``.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -41,7 +42,7 @@ PARAMS = {v: f"options.{k}" for k, v in SAMPLING.items()} | {
 }  # fmt: skip
 
 
-class Options(Strict):
+class OllamaOptions(Strict):
     """``options``: every name Ollama's documents, checked in ``sampling``."""
 
     num_ctx: int | None = Field(default=None, ge=1)
@@ -103,25 +104,25 @@ class Options(Strict):
 Format = Literal["", "json"] | dict[str, Any]
 
 
-class Function(Strict):
+class OllamaFunction(Strict):
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
     index: int | None = None
     description: str | None = None
 
 
-class ToolCall(Strict):
-    function: Function
+class OllamaToolCall(Strict):
+    function: OllamaFunction
     id: str | None = None
     type: Literal["function"] | None = None
 
 
-class Message(Strict):
+class OllamaMessage(Strict):
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
     thinking: str | None = None
     images: list[str] | None = None
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: list[OllamaToolCall] | None = None
     tool_name: str | None = None
     tool_call_id: str | None = None
 
@@ -139,25 +140,23 @@ class Generation(Strict):
 
     model: str = Field(min_length=1)
     format: Format | None = None
-    options: Options | None = None
+    options: OllamaOptions | None = None
     stream: bool = True
     keep_alive: float | str | None = None
     think: bool | Literal["low", "medium", "high"] | None = None
 
+    @field_validator("keep_alive")
+    @classmethod
+    def _duration(cls, value: float | str | None) -> float | str | None:
+        keep_alive_seconds(value)
+        return value
+
     def unload_after(self) -> bool:
         """``keep_alive`` 0 ("0", "0s", 0): stop the model once this request is done."""
-        k = self.keep_alive
-        if isinstance(k, str):
-            k = k.strip().rstrip("smh") or "1"
-            try:
-                return float(k) == 0
-            except ValueError:
-                raise ApiError(400, f"keep_alive = {self.keep_alive!r}: expected seconds or a duration "
-                               "such as \"5m\"", param="keep_alive", code="invalid_value") from None  # fmt: skip
-        return k is not None and k == 0
+        return keep_alive_seconds(self.keep_alive) == 0
 
     def common(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.model, **(self.options or Options()).sampling()}
+        body: dict[str, Any] = {"model": self.model, **(self.options or OllamaOptions()).sampling()}
         if self.format == "json":
             body["response_format"] = {"type": "json_object"}
         elif isinstance(self.format, dict):
@@ -167,8 +166,8 @@ class Generation(Strict):
         return body
 
 
-class ChatBody(Generation):
-    messages: list[Message] = Field(default_factory=list)
+class OllamaChat(Generation):
+    messages: list[OllamaMessage] = Field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
     logprobs: Literal[False] | None = None
     top_logprobs: Literal[0] | None = None
@@ -180,7 +179,7 @@ class ChatBody(Generation):
         return parsed(ChatRequest, body)
 
 
-class GenerateBody(Generation):
+class OllamaGenerate(Generation):
     prompt: str | None = None
     system: str | None = None
     raw: bool = False
@@ -203,25 +202,25 @@ class GenerateBody(Generation):
         return parsed(CompletionRequest, {**body, "prompt": self.prompt or ""})
 
 
-class EmbedBody(Strict):
+class OllamaEmbed(Strict):
     model: str = Field(min_length=1)
     input: str | list[str] = Field(min_length=1)
     truncate: bool = True
-    options: Options | None = None
+    options: OllamaOptions | None = None
     keep_alive: float | str | None = None
     dimensions: int | None = Field(default=None, ge=1)
 
 
-class EmbeddingsBody(Strict):
+class OllamaEmbeddings(Strict):
     """The older ``/api/embeddings``: one prompt."""
 
     model: str = Field(min_length=1)
     prompt: str = Field(min_length=1)
-    options: Options | None = None
+    options: OllamaOptions | None = None
     keep_alive: float | str | None = None
 
 
-class NameBody(Strict):
+class OllamaModelName(Strict):
     """``/api/show``, ``/api/delete``, ``/api/pull``: a model's name (older clients: ``name``)."""
 
     model: str | None = Field(default=None, min_length=1)
@@ -231,7 +230,7 @@ class NameBody(Strict):
     stream: bool = True
 
     @model_validator(mode="after")
-    def _named(self) -> NameBody:
+    def _named(self) -> OllamaModelName:
         if self.model is None and self.name is None:
             raise invalid("needs the model's name in model")
         return self
@@ -239,6 +238,19 @@ class NameBody(Strict):
     @property
     def model_name(self) -> str:
         return self.model or self.name or ""
+
+
+def keep_alive_seconds(value: float | str | None) -> float | None:
+    """``keep_alive`` in seconds: a number, or Go's durations as Ollama takes them ("5m", "1h30m", "0")."""
+    if value is None or isinstance(value, (int, float)):
+        return value
+    text, total = value.strip(), 0.0
+    parts = re.findall(r"(-?\d+(?:\.\d+)?)(h|ms|m|s)?", text)
+    if not text or "".join(n + u for n, u in parts) != text:
+        raise invalid(f"{value!r} is not seconds or a duration such as \"5m\"")
+    for number, unit in parts:
+        total += float(number) * {"h": 3600, "m": 60, "s": 1, "ms": 0.001, "": 1}[unit]
+    return total
 
 
 def parsed(cls: type[ChatRequest] | type[CompletionRequest], body: dict[str, Any]) -> Any:
@@ -254,7 +266,7 @@ def parsed(cls: type[ChatRequest] | type[CompletionRequest], body: dict[str, Any
         raise
 
 
-def chat_messages(messages: list[Message]) -> list[dict[str, Any]]:
+def chat_messages(messages: list[OllamaMessage]) -> list[dict[str, Any]]:
     """Ollama's messages as chat messages: an assistant's calls get ids, and a tool message
     answers the oldest unanswered call of its ``tool_name`` (else the oldest unanswered)."""
     out: list[dict[str, Any]] = []
