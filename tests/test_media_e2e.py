@@ -30,13 +30,12 @@ N_EMBD = 576  # the default model's embedding width
 MAX_MEDIA = 3
 
 
-def png(width: int, height: int, seed: int) -> bytes:
-    """A small RGB PNG whose pixels follow ``seed`` (no imaging library needed)."""
+def png(width: int, height: int, color: tuple[int, int, int]) -> bytes:
+    """A small RGB PNG: ``color`` shaded left to right (no imaging library needed)."""
     rows = b"".join(
-        b"\x00" + bytes(((x * 37 + y * 11 + seed * 97) % 256, (x * seed + y * 53) % 256, (x ^ y ^ seed) % 256)[c]
-                        for x in range(width) for c in range(3))
-        for y in range(height)
-    )  # fmt: skip
+        b"\x00" + b"".join(bytes(c * (width + x) // (2 * width) for c in color) for x in range(width))
+        for _ in range(height)
+    )
 
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
@@ -49,7 +48,7 @@ def data_url(data: bytes, kind: str = "image/png") -> str:
     return f"data:{kind};base64,{base64.b64encode(data).decode()}"
 
 
-RED, BLUE = png(40, 30, 1), png(24, 24, 7)
+RED, BLUE = png(40, 30, (250, 20, 20)), png(24, 24, (20, 40, 250))
 
 
 def ask(text: str, *images: bytes, before: bool = False) -> list[dict[str, Any]]:
@@ -157,7 +156,7 @@ def test_seeded_replay_and_logprobs_with_an_image(api: openai.OpenAI) -> None:
 
 def test_tokenize_with_messages_counts_media(media_server: Server, api: openai.OpenAI) -> None:
     messages = ask("Describe the picture.", RED)
-    tokens = httpx.post(f"{media_server.base}/tokenize", json={"messages": messages}).json()["tokens"]
+    tokens = httpx.post(f"{media_server.base}/tokenize", json={"messages": messages}, timeout=300).json()["tokens"]
     _, n = reply(api, messages, max_tokens=1)
     assert len(tokens) == n
 
@@ -167,7 +166,7 @@ def test_a_resent_image_reuses_the_cache(media_server: Server, api: openai.OpenA
     answer, _ = reply(api, first, max_tokens=4)
     follow = [*first, {"role": "assistant", "content": answer}, {"role": "user", "content": "Why?"}]
     r = httpx.post(f"{media_server.base}/v1/chat/completions",
-                   json={"messages": follow, "temperature": 0, "max_tokens": 2}).json()  # fmt: skip
+                   json={"messages": follow, "temperature": 0, "max_tokens": 2}, timeout=300).json()  # fmt: skip
     assert r["usage"]["prompt_tokens_details"]["cached_tokens"] > image_tokens()
 
 
@@ -217,7 +216,7 @@ BAD = [
 
 @pytest.mark.parametrize("name,body,status,param,code", BAD, ids=[b[0] for b in BAD])
 def test_bad_media(media_server: Server, name: str, body: dict[str, Any], status: int, param: str | None, code: str | None) -> None:
-    r = httpx.post(f"{media_server.base}/v1/chat/completions", json={**body, "max_tokens": 2}, timeout=120)
+    r = httpx.post(f"{media_server.base}/v1/chat/completions", json={**body, "max_tokens": 2}, timeout=300)
     assert r.status_code == status, r.text
     if param is not None:
         e = r.json()["error"]
