@@ -67,7 +67,7 @@ def mmproj(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def media_server(cpu_engine: EngineBuild, mmproj: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("media") / "server.log"
-    env = {"STRATA_SERVER_MAX_MEDIA_PER_REQUEST": str(MAX_MEDIA), "STRATA_SERVER_MAX_BODY_BYTES": str(64 << 10)}
+    env = {"STRATA_SERVER_MAX_MEDIA_PER_REQUEST": str(MAX_MEDIA), "STRATA_SERVER_MAX_BODY_BYTES": str(256 << 10)}
     with Server(["--backend", "cpu", "--mmproj", str(mmproj), "--parallel", "2", "--n-ctx", "1024"], log, env) as srv:
         yield srv
 
@@ -210,7 +210,7 @@ BAD = [
      400, "messages.0.content", "invalid_value"),
     ("more images than max_media_per_request", {"messages": ask("x", *[RED] * (MAX_MEDIA + 1))}, 400,
      f"messages.0.content.{MAX_MEDIA + 1}", "too_many_media"),
-    ("a data URL over the body limit", image_part(data_url(os.urandom(80 << 10))), 413, None, None),
+    ("a data URL over the body limit", image_part(data_url(os.urandom(300 << 10))), 413, None, None),
 ]
 
 
