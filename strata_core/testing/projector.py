@@ -6,10 +6,8 @@ width, so they pair with any text model (the default model's is 576).
   mlp``). Images are resized to ``image_size`` pixels square and cut into ``patch_size``
   patches: each image takes ``(image_size // patch_size) ** 2`` positions of the text
   model's context (16 by default).
-- audio: a Whisper-style encoder and Qwen2-Audio's linear projector (``qwen2a``): each 30
-  seconds of audio (a shorter clip is padded) take 750 positions.
 
-    python -m strata_core.testing.projector --n-embd 576 out-mmproj.gguf [--audio]
+    python -m strata_core.testing.projector --n-embd 576 out-mmproj.gguf
 
 The same seed gives the same file.
 """
@@ -100,68 +98,13 @@ def write_vision_projector(dst: Path, n_embd_text: int, shape: VisionShape = SMA
     writer.close()
 
 
-def write_audio_projector(dst: Path, n_embd_text: int, seed: int = 0, n_embd: int = 64, n_layer: int = 2) -> None:
-    """An audio mmproj GGUF (Whisper encoder, Qwen2-Audio projector) whose embeddings are
-    ``n_embd_text`` wide."""
-    n_mel, n_ff, n_pos = 128, 2 * n_embd, 1500
-    writer = gguf.GGUFWriter(dst, "clip")
-    writer.add_name("strata-random-audio-mmproj")
-    writer.add_bool("clip.has_vision_encoder", False)
-    writer.add_bool("clip.has_audio_encoder", True)
-    writer.add_string("clip.projector_type", "qwen2a")
-    writer.add_uint32("clip.audio.num_mel_bins", n_mel)
-    writer.add_uint32("clip.audio.embedding_length", n_embd)
-    writer.add_uint32("clip.audio.feed_forward_length", n_ff)
-    writer.add_uint32("clip.audio.block_count", n_layer)
-    writer.add_uint32("clip.audio.projection_dim", n_embd_text)
-    writer.add_uint32("clip.audio.attention.head_count", 4)
-    writer.add_float32("clip.audio.attention.layer_norm_epsilon", 1e-5)
-    rng = np.random.default_rng(seed)
-
-    def w(*dims: int, scale: float | None = None) -> np.ndarray[Any, Any]:
-        s = scale if scale is not None else 1.0 / np.sqrt(int(np.prod(dims[1:])))
-        return (rng.standard_normal(dims, dtype=np.float32) * s).astype(np.float32)
-
-    ones, zeros = np.ones(n_embd, dtype=np.float32), np.zeros(n_embd, dtype=np.float32)
-    writer.add_tensor("a.conv1d.1.weight", w(n_embd, n_mel, 3).astype(np.float16))
-    writer.add_tensor("a.conv1d.1.bias", w(n_embd, 1, scale=0.02))
-    writer.add_tensor("a.conv1d.2.weight", w(n_embd, n_embd, 3).astype(np.float16))
-    writer.add_tensor("a.conv1d.2.bias", w(n_embd, 1, scale=0.02))
-    writer.add_tensor("a.position_embd.weight", w(n_pos, n_embd, scale=0.02))
-    for i in range(n_layer):
-        b = f"a.blk.{i}."
-        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            writer.add_tensor(b + name + ".weight", w(n_embd, n_embd))
-            if name != "attn_k":  # Whisper's key projection has no bias
-                writer.add_tensor(b + name + ".bias", w(n_embd, scale=0.02))
-        for name in ("ln1", "ln2"):
-            writer.add_tensor(b + name + ".weight", ones)
-            writer.add_tensor(b + name + ".bias", zeros)
-        writer.add_tensor(b + "ffn_up.weight", w(n_ff, n_embd))
-        writer.add_tensor(b + "ffn_up.bias", np.zeros(n_ff, dtype=np.float32))
-        writer.add_tensor(b + "ffn_down.weight", w(n_embd, n_ff))
-        writer.add_tensor(b + "ffn_down.bias", zeros)
-    writer.add_tensor("a.post_ln.weight", ones)
-    writer.add_tensor("a.post_ln.bias", zeros)
-    writer.add_tensor("mm.a.fc.weight", w(n_embd_text, n_embd, scale=0.1 / np.sqrt(n_embd)))
-    writer.add_tensor("mm.a.fc.bias", np.zeros(n_embd_text, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m strata_core.testing.projector")
     ap.add_argument("--n-embd", type=int, default=576, help="the text model's embedding width")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--audio", action="store_true", help="an audio projector instead of a vision one")
     ap.add_argument("dst", type=Path)
     a = ap.parse_args(argv)
-    if a.audio:
-        write_audio_projector(a.dst, a.n_embd, seed=a.seed)
-    else:
-        write_vision_projector(a.dst, a.n_embd, seed=a.seed)
+    write_vision_projector(a.dst, a.n_embd, seed=a.seed)
 
 
 if __name__ == "__main__":
