@@ -33,7 +33,9 @@ def llama_server(backend_name: str) -> Path:
     tree = engine.meta.get("build_dir")
     if tree and Path(tree, "CMakeCache.txt").is_file():
         build = Path(tree)
-        subprocess.run(["cmake", str(build), *TOOLS_ON], check=True, env=env)
+        # llama.cpp's tools add tools/mtmd themselves (llama-server links it): the engine's
+        # own add of it (LLAVA_BUILD) would claim the same binary directory
+        subprocess.run(["cmake", str(build), *TOOLS_ON, "-DLLAVA_BUILD=OFF"], check=True, env=env)
     else:
         build = strata_home() / "peers" / f"{engine.path.parent.name}-build"
         src = source_dir(print) / "vendor" / "llama.cpp"

@@ -22,7 +22,7 @@ import httpx
 
 from strata_core import protocol as proto
 from strata_core.backend import Backend
-from strata_core.build import EngineBuild
+from strata_core.build import EngineBuild, list_engines
 from strata_core.config import EngineConfig, SpeculativeConfig, load_config
 from strata_core.reader import engine_command
 
@@ -132,10 +132,21 @@ def wait_healthy(proc: subprocess.Popen[Any], base: str, log: Path, timeout: flo
 
 
 def llama_server_binary(engine: EngineBuild) -> Path | None:
-    """llama-server built in the engine's own CMake tree (bench/peers.py builds it there)."""
-    tree = engine.meta.get("build_dir")
-    found = sorted(Path(tree).rglob("llama-server")) if tree and Path(tree).is_dir() else []
-    return next((p for p in found if p.is_file() and os.access(p, os.X_OK)), None)
+    """llama-server built in the engine's own CMake tree (bench/peers.py builds it there),
+    else in the tree of another build of the same sources whose flags differ only in
+    LLAVA_BUILD (whether the engine carries mtmd: llama-server builds its own)."""
+
+    def flags(b: EngineBuild) -> tuple[str, ...]:
+        return tuple(a for a in b.meta.get("cmake_args", []) if not a.startswith("-DLLAVA_BUILD="))
+
+    same = [b for b in list_engines() if b.backend == engine.backend and flags(b) == flags(engine)
+            and b.meta.get("llama_cpp_python") == engine.meta.get("llama_cpp_python")]  # fmt: skip
+    for tree in [engine.meta.get("build_dir"), *(b.meta.get("build_dir") for b in same)]:
+        found = sorted(Path(tree).rglob("llama-server")) if tree and Path(tree).is_dir() else []
+        binary = next((p for p in found if p.is_file() and os.access(p, os.X_OK)), None)
+        if binary is not None:
+            return binary
+    return None
 
 
 @contextmanager

@@ -1,13 +1,15 @@
-"""A small vision projector with random weights, written with the ``gguf`` package: a CLIP
-vision tower and LLaVA's two-layer MLP projector (``clip.projector_type = mlp``), the
-layout llama.cpp's mtmd loads with ``--mmproj``. Its output width is the text model's
-embedding width, so it pairs with any text model (the default model's is 576).
+"""Small projectors with random weights, written with the ``gguf`` package, in the layouts
+llama.cpp's mtmd loads with ``--mmproj``. Their output width is the text model's embedding
+width, so they pair with any text model (the default model's is 576).
+
+- vision: a CLIP vision tower and LLaVA's two-layer MLP projector (``clip.projector_type =
+  mlp``). Images are resized to ``image_size`` pixels square and cut into ``patch_size``
+  patches: each image takes ``(image_size // patch_size) ** 2`` positions of the text
+  model's context (16 by default).
 
     python -m strata_core.testing.projector --n-embd 576 out-mmproj.gguf
 
-Images are resized to ``image_size`` pixels square and cut into ``patch_size`` patches:
-each image takes ``(image_size // patch_size) ** 2`` positions of the text model's context
-(16 by default). The same seed gives the same file.
+The same seed gives the same file.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class VisionShape(NamedTuple):
 
 
 SMALL = VisionShape()
+OUT_SCALE = 1.0  # of the projector's last layer, over sqrt(fan-in)
 
 
 def image_tokens(shape: VisionShape = SMALL) -> int:
@@ -40,8 +43,8 @@ def image_tokens(shape: VisionShape = SMALL) -> int:
 
 def write_vision_projector(dst: Path, n_embd_text: int, shape: VisionShape = SMALL, seed: int = 0) -> None:
     """An mmproj GGUF whose image embeddings are ``n_embd_text`` wide. The projector's last
-    layer is scaled so that its output is about as large as a text model's token
-    embeddings (standard deviation near 0.05)."""
+    layer is scaled so that an image's embeddings weigh on the reply (different images,
+    different greedy replies) without drowning the text around them."""
     writer = gguf.GGUFWriter(dst, "clip")
     writer.add_name("strata-random-mmproj")
     writer.add_bool("clip.has_vision_encoder", True)
@@ -87,7 +90,7 @@ def write_vision_projector(dst: Path, n_embd_text: int, shape: VisionShape = SMA
         writer.add_tensor(b + "ffn_down.bias", zeros)
     writer.add_tensor("mm.0.weight", w(shape.mm_hidden, e))
     writer.add_tensor("mm.0.bias", np.zeros(shape.mm_hidden, dtype=np.float32))
-    writer.add_tensor("mm.2.weight", w(n_embd_text, shape.mm_hidden, scale=0.1 / np.sqrt(shape.mm_hidden)))
+    writer.add_tensor("mm.2.weight", w(n_embd_text, shape.mm_hidden, scale=OUT_SCALE / np.sqrt(shape.mm_hidden)))
     writer.add_tensor("mm.2.bias", np.zeros(n_embd_text, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
