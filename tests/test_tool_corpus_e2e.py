@@ -5,6 +5,7 @@ official client. Parametrised by template file name, so a failure names the fami
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,12 @@ from strata_core.testing.tool_corpus import check, server_config, write_models
 
 pytestmark = pytest.mark.slow
 
-TEMPLATES = tool_templates()
+#: Three families of different kinds (XML parameters, Mistral's [TOOL_CALLS], gpt-oss
+#: Harmony) by default: each template costs minutes over HTTP on two CPU cores, the whole
+#: corpus hours. STRATA_TOOL_CORPUS=all runs every tool-reading template of the pinned source.
+DEFAULT = ("Qwen3-Coder.jinja", "Mistral-Small-3.2-24B-Instruct-2506.jinja", "openai-gpt-oss-120b.jinja")
+ALL = tool_templates()
+TEMPLATES = ALL if os.environ.get("STRATA_TOOL_CORPUS") == "all" else [t for t in ALL if t in DEFAULT]
 
 
 @pytest.fixture(scope="module")
