@@ -5,7 +5,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import llguidance
 import pytest
 from hypothesis import settings
 
@@ -81,3 +83,21 @@ def client(server: Server):  # type: ignore[no-untyped-def]
     import openai
 
     return openai.OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+class _Bytes:
+    """A tokenizer whose tokens are the 256 bytes (and an end token): a matcher fed a text's
+    bytes checks the text itself against the grammar."""
+
+    eos_token_id = 256
+    bos_token_id = None
+    tokens = [bytes([i]) for i in range(256)] + [b"<end>"]
+    special_token_ids = [256]
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        return list(text if isinstance(text, bytes) else text.encode())
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Bytes()))

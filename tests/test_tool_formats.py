@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import llguidance
 import pytest
+from test_tools import accepts
 
 from strata_core.testing.templates import (
     CALLS,
@@ -126,30 +126,6 @@ def test_streamed_calls_have_openai_shape(name: str) -> None:
 
 
 # ---- (b) the grammar ----------------------------------------------------------------------
-
-
-class _Bytes:
-    """A tokenizer whose tokens are the 256 bytes: a matcher fed a text's bytes checks the
-    text itself against the grammar."""
-
-    eos_token_id = 256
-    bos_token_id = None
-    tokens = [bytes([i]) for i in range(256)] + [b"<end>"]
-    special_token_ids = [256]
-
-    def __call__(self, text: str | bytes) -> list[int]:
-        return list(text if isinstance(text, bytes) else text.encode())
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Bytes()))
-
-
-def accepts(tokenizer: Any, grammar: str, text: str) -> bool:
-    m = llguidance.LLMatcher(tokenizer, llguidance_grammar("lark", grammar), log_level=0)
-    assert not m.is_error(), m.get_error()
-    return bool(m.consume_tokens(list(text.encode()))) and m.is_accepting() and not m.is_error()
 
 
 def grammar_of(fmt: ToolFormat, tools: list[dict[str, Any]], parallel: bool) -> str:

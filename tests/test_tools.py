@@ -164,24 +164,6 @@ WEATHER = {
 CLOCK = {"type": "function", "function": {"name": "get_time"}}
 
 
-class _Bytes:
-    """A tokenizer whose tokens are the 256 bytes (and an end token): a matcher fed a text's
-    bytes checks the text itself against the grammar."""
-
-    eos_token_id = 256
-    bos_token_id = None
-    tokens = [bytes([i]) for i in range(256)] + [b"<end>"]
-    special_token_ids = [256]
-
-    def __call__(self, text: str | bytes) -> list[int]:
-        return list(text if isinstance(text, bytes) else text.encode())
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Bytes()))
-
-
 def accepts(tokenizer: Any, grammar: str, text: str) -> bool:
     m = llguidance.LLMatcher(tokenizer, llguidance_grammar("lark", grammar), log_level=0)
     assert not m.is_error(), m.get_error()
