@@ -110,7 +110,6 @@ def test_responses_input_items_become_chat_messages() -> None:
         ({"input": "x", "frequency_penalty": 1}, "frequency_penalty"),
         ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
         ({"input": "x", "reasoning": {"summary": "auto"}}, "reasoning.summary"),
-        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}, "input.0.message.content"),
         ({"input": "x", "truncation": "auto"}, "truncation"),
     ],
 )
@@ -177,7 +176,7 @@ def test_anthropic_blocks_become_chat_messages() -> None:
     ("body", "param"),
     [
         ({"messages": [{"role": "user", "content": "x"}], "temperature": 1.5}, "temperature"),
-        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages.0.content"),
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages.0.content.0.image.source"),
         ({"messages": [{"role": "user", "content": "x"}], "service_tier": "auto"}, "service_tier"),
         ({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled", "budget_tokens": 4096}}, None),
         ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]}, "messages.0"),

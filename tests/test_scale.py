@@ -117,7 +117,8 @@ def test_each_replica_serves_every_model(cluster: Server) -> None:
             break
     assert len(served) == 2, "16 different prompts all went to one replica"
     report = httpx.get(f"{cluster.base}/v1/strata/backend", params={"model": "cut"}, timeout=30).json()
-    assert report["models"] == {"small": {"backend": "cpu", "loaded": True}, "cut": {"backend": "cpu", "loaded": True}}
+    loaded = {"backend": "cpu", "loaded": True, "inputs": ["text"]}
+    assert report["models"] == {"small": loaded, "cut": loaded}
     small = replicas(cluster)[report["replica"]["id"]]  # the same replica's default model
     assert report["engine"]["pid"] != small["engine"]["pid"]
     assert report["model_file"] != small["model_file"]
