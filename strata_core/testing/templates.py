@@ -4,27 +4,16 @@ turn they render."""
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 from typing import Any
 
 from strata_core.build import source_dir
+from strata_core.text.tool_setup import PROBE_TOOL
 
-WEATHER: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather of a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "description": "the city"},
-                "days": {"type": "integer", "description": "how many days"},
-            },
-            "required": ["city"],
-        },
-    },
-}
+#: the probe call's tool: the corpus renders the call the format was found by
+WEATHER: dict[str, Any] = copy.deepcopy(PROBE_TOOL)
 TIME: dict[str, Any] = {
     "type": "function",
     "function": {
