@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import llguidance
 import pytest
 from hypothesis import settings
 
@@ -16,6 +15,7 @@ from strata_core.build import EngineBuild, ensure_engine
 from strata_core.config import load_config
 from strata_core.models import default_model_path
 from strata_core.testing.harness import Server
+from strata_core.text.grammars import _byte_tokenizer
 
 # Property tests check results, never speed: on a loaded two-core machine (a test server
 # decoding beside them) an example's time says nothing, so no example has a deadline.
@@ -85,19 +85,7 @@ def client(server: Server):  # type: ignore[no-untyped-def]
     return openai.OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-class _Bytes:
-    """A tokenizer whose tokens are the 256 bytes (and an end token): a matcher fed a text's
-    bytes checks the text itself against the grammar."""
-
-    eos_token_id = 256
-    bos_token_id = None
-    tokens = [bytes([i]) for i in range(256)] + [b"<end>"]
-    special_token_ids = [256]
-
-    def __call__(self, text: str | bytes) -> list[int]:
-        return list(text if isinstance(text, bytes) else text.encode())
-
-
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Bytes()))
+    """The 256 bytes and an end token: a matcher fed a text's bytes checks the text itself."""
+    return _byte_tokenizer()
