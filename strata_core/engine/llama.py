@@ -168,6 +168,8 @@ class Llama:
         self.n_seq = opts.n_seq
         self._piece_buf = ctypes.create_string_buffer(256)
         self._cparams = cparams
+        #: the attention kernel asked for (llama.cpp's flash_attn_type: -1 auto, 0 off, 1 on)
+        self.flash_attn_type = int(cparams.flash_attn_type)
         #: the embeddings context (``embed``), made on the first input
         self._embd_ctx: Any = None
         self.n_embd = int(ll.llama_model_n_embd_out(model))

@@ -63,6 +63,10 @@ class Projector:
         params = mtmd.mtmd_context_params_default()
         params.use_gpu = llama.on_gpu
         params.n_threads = threads
+        # the vision/audio encoder's attention as the text model's, as llama-server sets it:
+        # left on "auto", mtmd turns flash attention on where the model has it off, and the
+        # media embeddings differ from llama-server's by the kernels' rounding
+        params.flash_attn_type = llama.flash_attn_type
         params.print_timings = False
         ctx = mtmd.mtmd_init_from_file(path.encode(), llama.model, params)
         if not ctx:
