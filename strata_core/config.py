@@ -235,8 +235,9 @@ class SpeculativeConfig(_Section):
 
     mode: Literal["off", "ngram", "draft"] = "off"
     #: most tokens one window proposes; 7 fills a batch of 8 rows, which llama.cpp's CUDA
-    #: backend runs on its matrix-vector kernels (measured on the H200: copy-heavy x1.92 at
-    #: k=7, x1.02 at k=4). Where rows cost more, the adaptive policy proposes fewer.
+    #: backend runs on its matrix-vector kernels, and there 7 paid where 4 hardly did
+    #: (bench/results/2026-12-03-cuda-h200-window-shape.md). Where rows cost more, the
+    #: adaptive policy proposes fewer.
     k: int = Field(default=7, ge=1, le=32)
     #: mode "draft": a GGUF sharing the target's vocabulary (a path, an alias or an hf: reference).
     draft_model: str | None = None

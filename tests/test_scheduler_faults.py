@@ -1,6 +1,7 @@
 """A request the scheduler has taken off its queue always ends with DONE, even when
 llama.cpp refuses the cache operations that start it: a request that vanished would leave
-its client waiting for ever and the engine idle (the stall docs/backends/cuda.md records)."""
+its client waiting for ever and the engine idle (the stall
+bench/results/2026-12-04-cuda-h200-a14504e.md records)."""
 
 from __future__ import annotations
 

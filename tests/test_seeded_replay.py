@@ -3,7 +3,8 @@ ran before it or runs beside it (README, ``[sampling] exact_seed_replay``).
 
 llama.cpp computes a prompt token's KV differently by the size of the chunk it was
 decoded in: on the CPU, flash attention takes a tiled path for 64 or more query rows of
-one sequence and a row-by-row path below that (docs/reliability.md). A cached prefix that
+one sequence and a row-by-row path below that (bench/results/2026-12-04-soak-short-runs.md).
+A cached prefix that
 another request computed, or a prompt split by the batch budget beside other prompts,
 then changes the logits of a seeded request by up to about one logit, and a sampled
 near-tie breaks the other way: the soak saw it."""

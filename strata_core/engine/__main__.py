@@ -58,7 +58,7 @@ class Output:
 TRACE_ENV = "STRATA_STEP_TRACE"
 """A file to append one JSON line per scheduler step to: decoding slots, rows,
 micro-batches, windows, tokens emitted and where the step's milliseconds went
-(docs/backends/cuda.md)."""
+(bench/trace_steps.py summarises it)."""
 
 
 def step_trace(path: str | None) -> Callable[[dict[str, Any]], None] | None:
@@ -143,7 +143,8 @@ def load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     cannot start."""
     # Imported here so --help works without a native build on the path.
     # llama.py first: libllama's native libraries must load before numpy's. The other
-    # order made model loading segfault with CUDA 13 and numpy 2.5 on an H200.
+    # order made model loading segfault with CUDA 13 and numpy 2.5
+    # (bench/results/2026-12-03-cuda-h200-conformance-green.md).
     from strata_core.engine.llama import Llama, ModelOptions, ll  # isort: skip
     from strata_core.config import check_cache_types, check_split, split_settings
     from strata_core.engine.speculation.drafter import DraftModel, check_shared_vocab

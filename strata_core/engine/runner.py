@@ -113,8 +113,8 @@ class Runner:
         """On a GPU, padding for the sequences between the group's first and last that are
         not in it (idle, prefilling, decoding alone): llama.cpp computes a run of consecutive
         sequences holding equal rows together, and a gap splits the step in two, neither of
-        which replays a captured graph (an H200 measured 5.7 ms for rows 1,1,0,1 against
-        1.3 ms for 1,1,1,1). Their rows are written past what the slot holds and trimmed
+        which replays a captured graph, so the step costs several plain ones
+        (bench/results/2026-12-03-cuda-h200-micro-batches.md). Their rows are written past what the slot holds and trimmed
         after the decode. ``rows``: each group slot's rows by sequence."""
         if not self.shape_costs or not group or len(set(rows.values())) != 1:
             return {}  # (unequal rows split the step anyway)

@@ -28,13 +28,12 @@ from strata_core.engine.speculation.cost import moving_average
 COPY_MIN_GAIN = 16
 
 
-#: On a CPU a prompt row costs nearly the same however many rows share the step (two cores:
-#: 3.5-3.9 ms a row from 20 rows up, 6 ms at 4), so prompts prefilled together all wait for
-#: their sum. There a step takes the shortest pending prompts first and stops once it holds
-#: a whole prompt and at least this many rows: each prompt's first token comes after its
-#: own prefill and those before it, and only the last one's later than beside the others,
-#: by the decode steps between (four prompts of 20 tokens: at about 90, 180, 270 and 370
-#: ms instead of all at 330).
+#: On a CPU a prompt row costs nearly the same however many rows share the step, so
+#: prompts prefilled together all wait for their sum. There a step takes the shortest
+#: pending prompts first and stops once it holds a whole prompt and at least this many
+#: rows: each prompt's first token comes after its own prefill and those before it, and
+#: only the last one's later than beside the others, by the decode steps between
+#: (bench/results/2026-12-06-cpu-serving-shortest-first.md).
 CPU_PREFILL_ROWS = 16
 
 class Scheduler:

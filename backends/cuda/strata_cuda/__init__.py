@@ -118,7 +118,7 @@ def cuda_architectures(compute_caps: Sequence[str]) -> str:
 
 class CudaBackend(Backend):
     name = "cuda"
-    #: Conformance all green on an H200, recorded in docs/backends/cuda.md (2026-12-03).
+    #: Conformance all green on an H200: bench/results/2026-12-03-cuda-h200-conformance-green.md.
     verified_on_hardware = True
     build_verified = True
 

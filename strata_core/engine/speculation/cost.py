@@ -34,7 +34,7 @@ from typing import Any
 MARGIN = 1.03
 #: On a CPU a window's rows cost nearly what they compute, so at a few slots the best
 #: windows promise a few percent, and the two cores' step times wander by more than that
-#: (docs/backends/cpu.md): there a window opens only where it promises this many times a
+#: (bench/results/2026-12-06-cpu-waves.md): there a window opens only where it promises this many times a
 #: plain step's rate.
 CPU_MARGIN = 1.10
 
@@ -175,9 +175,10 @@ class StepCost:
     More rows never cost less: the table is the non-decreasing fit to the averages, each
     weighted by how many steps measured it lately (``WEIGHT_FADE`` a step), so a count
     measured a few times in a slow minute cannot lift one measured every step since. (Raising
-    every count to the largest below it did: on two cores, three rows averaged 38 ms from
-    a few ramp steps, and four-slot steps were priced at that for good while they took 26
-    ms; windows beside them looked twice as cheap as they were, opened, and lost.)"""
+    every count to the largest below it did: on two cores, three rows priced from a few
+    slow ramp steps set the price of four-slot steps for good, far above what they took;
+    windows beside them looked twice as cheap as they were, opened, and lost:
+    bench/results/2026-12-06-cpu-speculation-aa-control.md.)"""
 
     #: a change of shape slows the step that makes it and the next (the GPU re-captures)
     SWITCH_STEPS = 2
@@ -347,7 +348,7 @@ class WindowGuard:
     shown only steps where the model proposed a window (and the step after a windowed one,
     which pays the change back to plain rows): a step with nothing to propose runs the
     same under either arm, and open-ended text once taught it, by noise, to shut windows
-    that copy-heavy text then needed (docs/backends/cuda.md).
+    that copy-heavy text then needed (bench/results/2026-12-05-cuda-h200-guard.md).
 
     The leader holds for phases of ``PHASE`` steps; the other arm is tried for ``TRIAL``
     steps, first once each, then after ``wait`` of the leader's phases, a wait that

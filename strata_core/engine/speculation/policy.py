@@ -42,9 +42,9 @@ SPEC_MAX_WAIT = 32
 #: After a step where no window could have paid even had every slot drafted all the
 #: tokens it has room for (adaptive), n-gram drafting pauses for 1, 2, 4, ... then at
 #: most this many steps: where windows do not pay, drafting and sizing them every step was
-#: the whole cost of speculation (an H200 step of 4 slots: 1.75 ms against 1.67 off), and
-#: at 16 slots drafting one step in nine still cost some 50 us a step on an H100's host
-#: (docs/backends/cuda.md). Tokens are the same either way; a shadow draft is scored as
+#: the whole cost of speculation (bench/results/2026-12-05-cuda-h200-6459081.md), and at
+#: 16 slots drafting one step in nine still cost host time in every step
+#: (bench/results/2026-12-06-cuda-h100-4ff0d1a.md). Tokens are the same either way; a shadow draft is scored as
 #: the tokens it guessed are emitted, and one whose kept drafts make a window pay ends the
 #: pause.
 NGRAM_MAX_PAUSE = 32
