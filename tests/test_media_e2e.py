@@ -159,6 +159,14 @@ def test_tokenize_with_messages_counts_media(media_server: Server, api: openai.O
     tokens = httpx.post(f"{media_server.base}/tokenize", json={"messages": messages}, timeout=300).json()["tokens"]
     _, n = reply(api, messages, max_tokens=1)
     assert len(tokens) == n
+    assert tokens.count(-1) == image_tokens() and -1 not in tokens[:20], "the image's positions hold no token"
+    two = ask("Compare them.", RED, BLUE)
+    body = {"messages": two, "with_pieces": True}
+    pieces = httpx.post(f"{media_server.base}/tokenize", json=body, timeout=300).json()["tokens"]
+    media = [p["media"] for p in pieces if p["id"] == -1]
+    assert media == [0] * image_tokens() + [1] * image_tokens()
+    assert all(p["piece"] is None for p in pieces if p["id"] == -1)
+    assert "".join(p["piece"] for p in pieces if p["id"] != -1).count("Compare them.") == 1
 
 
 def test_a_resent_image_reuses_the_cache(media_server: Server, api: openai.OpenAI) -> None:

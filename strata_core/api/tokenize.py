@@ -4,7 +4,9 @@
 ``parse_special``: special tokens' text as those tokens) or, instead, chat ``messages``
 (with ``tools`` and ``chat_template_kwargs``), counted as the chat prompt they make: the
 template applied, the generation prompt added. ``with_pieces`` gives each token's text
-(its bytes, as a list, when they are not UTF-8 on their own).
+(its bytes, as a list, when they are not UTF-8 on their own). A chat's media items take
+positions that hold no token: each is -1 there (llama.cpp's null token), and with pieces
+``{"id": -1, "piece": null, "media": N}``, N the item's place in the request.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pydantic import Field, model_validator
 
 from strata_core.api import openapi
 from strata_core.api.service import json_body, service_for
+from strata_core.reader import MediaPrompt
 from strata_core.requests import ChatMessage, ChatRequest, Strict, Tool, invalid, parse_request
 from strata_core.text.detokenize import decode
 
@@ -67,9 +70,18 @@ async def tokenize(request: Request) -> dict[str, Any]:
         ids, _ = await service.chat_prompt(req.chat_request())
     else:
         ids = await service.tokenize(req.content or "", add_bos=req.add_special, special=req.parse_special)
+    media = media_positions(ids)
+    ids = [-1 if i in media else t for i, t in enumerate(ids)]
     if not req.with_pieces:
         return {"tokens": ids}
-    return {"tokens": [{"id": t, "piece": piece(service.pieces[t])} for t in ids]}
+    return {"tokens": [{"id": -1, "piece": None, "media": media[i]} if i in media
+                       else {"id": t, "piece": piece(service.pieces[t])} for i, t in enumerate(ids)]}  # fmt: skip
+
+
+def media_positions(ids: list[int]) -> dict[int, int]:
+    """Prompt position -> the index of the media item that takes it."""
+    spans = ids.spans if isinstance(ids, MediaPrompt) else ()
+    return {pos: k for k, s in enumerate(spans) for pos in range(s.pos, s.pos + s.n)}
 
 
 @router.post("/detokenize", **openapi.route(DetokenizeRequest, "the text of tokens", {"type": "object", "required": ["content"]}, stream=False))
