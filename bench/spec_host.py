@@ -55,9 +55,9 @@ def main() -> None:
     from bench.serving import abba
     from bench.speculative import WORKLOADS
     from bench.trace_steps import summarise
+    from strata_core.contract.options import SamplingParams
     from strata_core.engine.loop import Engine
     from strata_core.engine.request import Request
-    from strata_core.options import SamplingParams
     from strata_core.text.chat import FALLBACK_TEMPLATE, ChatTemplate
 
     d = backend.engine_defaults()

@@ -80,10 +80,10 @@ def main() -> None:
 
     from bench.serving import abba
     from bench.speculative import WORKLOADS
+    from strata_core.contract.options import SamplingParams
     from strata_core.engine import loop, runner
     from strata_core.engine.loop import Engine
     from strata_core.engine.request import Request
-    from strata_core.options import SamplingParams
     from strata_core.text.chat import FALLBACK_TEMPLATE, ChatTemplate
 
     clock = GpuClock(a.base_ms / 1e3, a.row_ms / 1e3, a.plain_switch_ms / 1e3, a.window_switch_ms / 1e3)

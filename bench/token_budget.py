@@ -129,7 +129,7 @@ def main() -> None:
     script = f"""
 import json, sys, time
 from strata_core.engine.llama import Llama, ModelOptions
-from strata_core.options import SamplingParams
+from strata_core.contract.options import SamplingParams
 from strata_core.engine.loop import Engine
 from strata_core.engine.request import Request
 m = Llama(ModelOptions(path={model!r}, n_ctx=2048, n_seq=1, n_batch=512, threads={threads},
@@ -154,7 +154,7 @@ for r in range({a.rounds}):
         rows[f"scheduler: {label}"] = statistics.median(s[key] for s in steps)
 
     # 2. the engine process over the protocol
-    from strata_core import protocol as proto
+    from strata_core.contract import protocol as proto
 
     cmd = engine_command(model, site=site, env=backend.engine_env(EngineConfig()), n_ctx=2048, parallel=1,
                          n_batch=512, threads=threads, n_gpu_layers=d.n_gpu_layers, flash_attn=d.flash_attn,

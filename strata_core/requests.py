@@ -24,10 +24,11 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from .errors import ApiError, from_validation_error
-from .options import (
+from strata_core.contract.options import (
     MAX_ALTERNATIVES,  # top_logprobs on chat; logprobs on completions (OpenAI: 5; we take 20)
 )
+
+from .errors import ApiError, from_validation_error
 
 #: Most choices one request may ask for.
 MAX_N = 16

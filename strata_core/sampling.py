@@ -15,8 +15,9 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+from strata_core.contract.options import GenOptions, SamplingParams
+
 from .config import SamplingConfig
-from .options import GenOptions, SamplingParams
 from .requests import BaseRequest
 
 #: The engine's window for penalties when neither the request nor the config gives one.

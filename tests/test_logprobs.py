@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strata_core.protocol import Logprob
+from strata_core.contract.protocol import Logprob
 from strata_core.text.detokenize import Detokenizer
 from strata_core.text.logprobs import UNLIKELY, Aligner, Alt, Entry, Span, legacy
 

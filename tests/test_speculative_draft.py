@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 from test_speculative import chi2_critical_999, chi2_statistic
 
-from strata_core import protocol as proto
 from strata_core.backends.cpu import CpuBackend
 from strata_core.build import EngineBuild
 from strata_core.config import ConfigError, load_config
+from strata_core.contract import protocol as proto
+from strata_core.contract.options import SamplingParams
 from strata_core.engine.sampler import probabilities, sample
 from strata_core.engine.speculation.verify import NULL, Proposal, sampled_proposal, verify_proposal
-from strata_core.options import SamplingParams
 from strata_core.testing.harness import EngineProcess, Server
 
 COPY = "Please repeat this sentence exactly: the quick brown fox jumps over the lazy dog near the river bank. "

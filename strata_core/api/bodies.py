@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from strata_core.reader import Usage
+from strata_core.contract.events import Usage
 from strata_core.text.logprobs import Entry, legacy
 from strata_core.text.tools import ToolCall
 

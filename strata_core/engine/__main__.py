@@ -19,12 +19,12 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from strata_core import protocol as proto
+from strata_core.contract import protocol as proto
 
 CAPABILITIES = [
     "logprobs", "logprobs_mode", "allowed", "bias", "penalties", "seed", "prefix_cache", "grammar", "think_budget",
 ]  # fmt: skip
-"""What READY lists: the GEN options (strata_core/options.py) this engine acts on, besides
+"""What READY lists: the GEN options (strata_core/contract/options.py) this engine acts on, besides
 ``max_tokens``, ``stop_ids``, ``spec`` and ``isolate``; ``spec_draft`` is added when a draft
 model was loaded, ``embeddings`` (EMBED) unless the model is a ranker, and then ``rerank``
 (EMBED answers its classification head's output)."""

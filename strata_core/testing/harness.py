@@ -20,10 +20,10 @@ from typing import Any, TypeVar
 
 import httpx
 
-from strata_core import protocol as proto
 from strata_core.backend import Backend
 from strata_core.build import EngineBuild, list_engines
 from strata_core.config import EngineConfig, SpeculativeConfig, load_config
+from strata_core.contract import protocol as proto
 from strata_core.reader import engine_command
 
 E = TypeVar("E", bound=proto.Event)

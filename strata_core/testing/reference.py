@@ -15,7 +15,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from strata_core import protocol as proto
+from strata_core.contract import protocol as proto
 from strata_core.testing.harness import EngineProcess
 
 PROMPTS = (

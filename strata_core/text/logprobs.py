@@ -39,8 +39,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from strata_core.options import MAX_ALTERNATIVES
-from strata_core.protocol import Logprob
+from strata_core.contract.options import MAX_ALTERNATIVES
+from strata_core.contract.protocol import Logprob
 
 UNLIKELY = -9999.0  # OpenAI's logprob for "very unlikely"; JSON has no -inf
 

@@ -40,7 +40,7 @@ from typing import Any
 import jsonschema
 from jsonschema.exceptions import SchemaError
 
-from strata_core import protocol as proto
+from strata_core.contract import protocol as proto
 from strata_core.errors import ApiError
 from strata_core.requests import ResponseFormat
 from strata_core.text.grammars import grammar_error, json_schema_grammar
