@@ -16,9 +16,9 @@ import secrets
 from typing import Any
 
 from strata_core.contract.options import GenOptions, SamplingParams
+from strata_core.schema.requests import BaseRequest
 
 from .config import SamplingConfig
-from .requests import BaseRequest
 
 #: The engine's window for penalties when neither the request nor the config gives one.
 DEFAULT_PENALTY_LAST_N = 64

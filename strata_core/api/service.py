@@ -23,10 +23,10 @@ from strata_core.config import CPU_PARALLEL, Config
 from strata_core.contract import protocol as proto
 from strata_core.contract.events import Finished, TokenEvent, Usage
 from strata_core.contract.options import GenOptions, OptionError
-from strata_core.errors import ApiError
 from strata_core.reader import EngineClient, EngineUnavailable, RequestStream
-from strata_core.requests import BaseRequest, ChatRequest, Tool
 from strata_core.sampling import REQUEST_PARAMS, gen_options, max_new_tokens, resolve_seed
+from strata_core.schema.errors import ApiError
+from strata_core.schema.requests import BaseRequest, ChatRequest, Tool
 from strata_core.text.chat import ChatTemplate, TemplateError
 from strata_core.text.choice import ChatShape, ChoiceText, Delta, carry
 from strata_core.text.constraints import request_constraint
