@@ -112,10 +112,10 @@ def main() -> None:
     a = ap.parse_args()
 
     from strata_core.build import ensure_engine
+    from strata_core.client.reader import engine_command
     from strata_core.config import EngineConfig, load_config
     from strata_core.models import resolve_model
     from strata_core.plugins import load_registry
-    from strata_core.reader import engine_command
     from strata_core.testing.harness import Server, free_port
 
     backend = load_registry().get(a.backend)

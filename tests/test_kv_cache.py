@@ -15,9 +15,9 @@ import pytest
 
 from strata_core.backends.cpu import CpuBackend
 from strata_core.build import EngineBuild
+from strata_core.client.reader import engine_command
 from strata_core.config import ConfigError, check_cache_types, load_config
 from strata_core.contract import protocol as proto
-from strata_core.reader import engine_command
 from strata_core.testing.harness import EngineProcess
 from strata_core.testing.reference import greedy_runs
 

@@ -109,7 +109,7 @@ def test_draft_mode_without_a_draft_model_is_refused(tmp_path: Path) -> None:
 
 def test_draft_model_option_selects_draft_mode_and_reaches_the_engine() -> None:
     from strata_core.cli import _config, build_parser
-    from strata_core.reader import engine_command
+    from strata_core.client.reader import engine_command
 
     cfg = _config(build_parser().parse_args(["serve", "--draft-model", "small.gguf"]))
     assert (cfg.speculative.mode, cfg.speculative.draft_model) == ("draft", "small.gguf")

@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from strata_core.build import EngineBuild
+from strata_core.client.reader import engine_command
 from strata_core.config import ConfigError, check_split, load_config
 from strata_core.contract import protocol as proto
-from strata_core.reader import engine_command
 from strata_core.testing.harness import Server
 
 

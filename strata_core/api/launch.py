@@ -16,6 +16,7 @@ from strata_core import catalog
 from strata_core.api.service import Service
 from strata_core.backend import Backend
 from strata_core.build import EngineBuild, ensure_engine
+from strata_core.client.reader import EngineClient, EngineCommand, engine_command
 from strata_core.config import (
     Config,
     ConfigError,
@@ -26,7 +27,6 @@ from strata_core.config import (
 )
 from strata_core.models import ALIASES, ResolvedModel, mmproj_path, projector_inputs, resolve_model
 from strata_core.plugins import load_registry, select_backend
-from strata_core.reader import EngineClient, EngineCommand, engine_command
 from strata_core.text.chat import ChatTemplate, TemplateError
 
 log = logging.getLogger("strata.launch")

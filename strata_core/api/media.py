@@ -14,8 +14,8 @@ from urllib.parse import urljoin
 
 import httpx
 
+from strata_core.client.reader import EngineClient, EngineRefused, MediaPrompt
 from strata_core.config import ServerConfig
-from strata_core.reader import EngineClient, EngineRefused, MediaPrompt
 from strata_core.schema.errors import ApiError
 from strata_core.schema.requests import MediaPart
 

@@ -22,9 +22,9 @@ import httpx
 
 from strata_core.backend import Backend
 from strata_core.build import EngineBuild, list_engines
+from strata_core.client.reader import engine_command
 from strata_core.config import EngineConfig, SpeculativeConfig, load_config
 from strata_core.contract import protocol as proto
-from strata_core.reader import engine_command
 
 E = TypeVar("E", bound=proto.Event)
 
