@@ -241,7 +241,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from strata_core.api.app import create_app
     from strata_core.api.launch import CatalogSource, log_for, model_specs
     from strata_core.api.pool import ModelPool
-    from strata_core.sampling import check_defaults
+    from strata_core.api.sampling_defaults import check_defaults
 
     cfg = _config(args)
     if warning := exposure_warning(cfg):

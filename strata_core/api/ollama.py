@@ -39,12 +39,12 @@ from strata_core.api.ollama_input import (
     OllamaOptions,
 )
 from strata_core.api.pool import Loaded, ModelPool
+from strata_core.api.sampling_defaults import resolve_seed
 from strata_core.api.service import ChatRun, Service, engine_unavailable, json_body, until_done
 from strata_core.api.stream import collect, reconciled
 from strata_core.client.reader import EngineUnavailable
 from strata_core.contract.events import Usage
 from strata_core.models import ModelError
-from strata_core.sampling import resolve_seed
 from strata_core.schema.errors import ApiError
 from strata_core.schema.requests import BaseRequest, parse_request
 from strata_core.text.choice import Delta

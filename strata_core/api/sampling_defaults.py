@@ -15,10 +15,9 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+from strata_core.config import SamplingConfig
 from strata_core.contract.options import GenOptions, SamplingParams
 from strata_core.schema.requests import BaseRequest
-
-from .config import SamplingConfig
 
 #: The engine's window for penalties when neither the request nor the config gives one.
 DEFAULT_PENALTY_LAST_N = 64
