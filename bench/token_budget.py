@@ -111,11 +111,11 @@ def main() -> None:
     ap.add_argument("--llama-server", help="this llama-server binary instead of one built by bench/peers.py")
     a = ap.parse_args()
 
-    from strata_core.build import ensure_engine
     from strata_core.client.reader import engine_command
-    from strata_core.config import EngineConfig, load_config
-    from strata_core.models import resolve_model
-    from strata_core.plugins import load_registry
+    from strata_core.ops.build import ensure_engine
+    from strata_core.ops.config import EngineConfig, load_config
+    from strata_core.ops.models import resolve_model
+    from strata_core.ops.plugins import load_registry
     from strata_core.testing.harness import Server, free_port
 
     backend = load_registry().get(a.backend)

@@ -16,7 +16,7 @@ from strata_core.api.sampling_defaults import (
     max_new_tokens,
     resolve_seed,
 )
-from strata_core.config import SamplingConfig
+from strata_core.ops.config import SamplingConfig
 from strata_core.schema.requests import (
     PENALTY_LAST_N_ALL,
     BaseRequest,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from strata_core.build import EngineBuild
+from strata_core.ops.build import EngineBuild
 from strata_core.testing.harness import run_engine_script
 
 pytestmark = pytest.mark.slow

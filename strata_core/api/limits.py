@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import Request
 
-from strata_core.config import ServerConfig
+from strata_core.ops.config import ServerConfig
 from strata_core.schema.errors import ApiError
 
 #: Seconds a client refused for a full queue is told to wait (Retry-After).

@@ -15,7 +15,7 @@ from urllib.parse import urljoin
 import httpx
 
 from strata_core.client.reader import EngineClient, EngineRefused, MediaPrompt
-from strata_core.config import ServerConfig
+from strata_core.ops.config import ServerConfig
 from strata_core.schema.errors import ApiError
 from strata_core.schema.requests import MediaPart
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from strata_core.config import SamplingConfig
 from strata_core.contract.options import GenOptions, SamplingParams
+from strata_core.ops.config import SamplingConfig
 from strata_core.schema.requests import BaseRequest
 
 #: The engine's window for penalties when neither the request nor the config gives one.

@@ -26,10 +26,10 @@ from strata_core.api.sampling_defaults import (
 )
 from strata_core.api.stream import timed_out
 from strata_core.client.reader import EngineClient, EngineUnavailable, RequestStream
-from strata_core.config import CPU_PARALLEL, Config
 from strata_core.contract import protocol as proto
 from strata_core.contract.events import Finished, TokenEvent, Usage
 from strata_core.contract.options import GenOptions, OptionError
+from strata_core.ops.config import CPU_PARALLEL, Config
 from strata_core.schema.errors import ApiError
 from strata_core.schema.requests import BaseRequest, ChatRequest, Tool
 from strata_core.text.chat import ChatTemplate, TemplateError

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from strata_core.config import EngineConfig, SpeculativeConfig
 from strata_core.contract import protocol as proto
 from strata_core.contract.events import Finished, TokenEvent
 from strata_core.contract.options import GenOptions
+from strata_core.ops.config import EngineConfig, SpeculativeConfig
 
 log = logging.getLogger("strata.engine")
 

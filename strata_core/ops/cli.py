@@ -10,15 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from strata_core import __version__
-from strata_core.build import (
+from strata_core.ops.build import (
     BuildError,
     find_engine,
     list_engines,
     strata_home,
 )
-from strata_core.config import Config, ConfigError, load_config
-from strata_core.models import ModelError, mmproj_path, projector_inputs, resolve_model
-from strata_core.plugins import BackendError, Registry, load_registry, select_backend
+from strata_core.ops.config import Config, ConfigError, load_config
+from strata_core.ops.models import ModelError, mmproj_path, projector_inputs, resolve_model
+from strata_core.ops.plugins import BackendError, Registry, load_registry, select_backend
 
 
 def _fail(msg: str) -> int:
@@ -156,7 +156,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from strata_core import hub
+    from strata_core.ops import hub
 
     ref = hub.parse_ref(args.reference)
     pulled = hub.pull(ref)
@@ -166,7 +166,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from strata_core import catalog
+    from strata_core.ops import catalog
 
     if args.sub == "rm":
         entry = catalog.find(args.name)
