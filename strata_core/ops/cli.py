@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from strata_core.ops.build import (
     strata_home,
 )
 from strata_core.ops.config import Config, ConfigError, load_config
+from strata_core.ops.logs import console_logging
 from strata_core.ops.models import ModelError, mmproj_path, projector_inputs, resolve_model
 from strata_core.ops.plugins import BackendError, Registry, load_registry, select_backend
 
@@ -210,17 +210,6 @@ def engine_log_path(args: argparse.Namespace, port: int) -> Path | None:
         raise ValueError(f"cannot create {path.parent} for the engine's log: {exc} (set STRATA_HOME "
                          "or pass --engine-log PATH)") from None  # fmt: skip
     return path.absolute()
-
-
-def console_logging(level: str) -> None:
-    """Strata's own records (the engine's errors and warnings, its exits) on the console,
-    shaped like uvicorn's."""
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(levelname)s:  %(message)s"))
-    logger = logging.getLogger("strata")
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG if level == "trace" else level.upper())
-    logger.propagate = False
 
 
 def exposure_warning(cfg: Config) -> str | None:
