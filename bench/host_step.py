@@ -69,7 +69,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     a = ap.parse_args()
     stub_libllama()
-    from strata_core.options import SamplingParams
+    from strata_core.contract.options import SamplingParams
 
     try:
         from strata_core.engine.loop import Engine as Loop

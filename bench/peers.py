@@ -16,8 +16,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from strata_core.build import ensure_engine, source_dir, strata_home
-from strata_core.plugins import load_registry
+from strata_core.ops.build import ensure_engine, source_dir, strata_home
+from strata_core.ops.plugins import load_registry
 
 TARGETS = ["llama-server", "llama-bench"]
 # No web UI: a benchmark needs none, and fetching prebuilt assets would reach the network.

@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 
+from strata_core.contract.options import SamplingParams
 from strata_core.engine.sampler import sample, top_logprobs
-from strata_core.options import SamplingParams
 
 CONFIGS = {
     "greedy (default request)": SamplingParams(),

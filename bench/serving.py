@@ -36,9 +36,9 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.peers import llama_server  # noqa: E402
-from strata_core.build import ensure_engine  # noqa: E402
-from strata_core.models import resolve_model  # noqa: E402
-from strata_core.plugins import load_registry  # noqa: E402
+from strata_core.ops.build import ensure_engine  # noqa: E402
+from strata_core.ops.models import resolve_model  # noqa: E402
+from strata_core.ops.plugins import load_registry  # noqa: E402
 
 PROMPTS = [
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -172,7 +172,7 @@ def servers(args: argparse.Namespace, model: str, slots: int, flash_attn: bool) 
     threads = str(args.threads)
     fa = "on" if flash_attn else "off"
     out = {
-        "strata": [sys.executable, "-m", "strata_core.cli", "serve", "--backend", args.backend,
+        "strata": [sys.executable, "-m", "strata_core.ops.cli", "serve", "--backend", args.backend,
                    "--model", model, "--parallel", str(slots), "--n-ctx", str(args.n_ctx),
                    "--port", "{port}"],
         "llama-server": [args.llama_server or str(llama_server(args.backend)), "-m", model, "-np", str(slots),

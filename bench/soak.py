@@ -51,7 +51,7 @@ except ImportError:
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.soak_mix import CANCELLED, FAILED, INVALID, KINDS, LOST, OK, SSE, Ctx, Outcome  # noqa: E402
-from strata_core.config import load_config  # noqa: E402
+from strata_core.ops.config import load_config  # noqa: E402
 from strata_core.testing.harness import Server  # noqa: E402
 
 #: Failures a 503 engine_unavailable may still cause after the engine is back: answers

@@ -42,10 +42,10 @@ def main() -> None:
     ap.add_argument("--workloads", nargs="+", default=["copy-heavy", "open-ended"])
     a = ap.parse_args()
 
-    from strata_core.build import ensure_engine
-    from strata_core.config import load_config
-    from strata_core.models import resolve_model
-    from strata_core.plugins import load_registry
+    from strata_core.ops.build import ensure_engine
+    from strata_core.ops.config import load_config
+    from strata_core.ops.models import resolve_model
+    from strata_core.ops.plugins import load_registry
 
     backend = load_registry().get(a.backend)
     sys.path.insert(0, str(ensure_engine(backend).path))
@@ -55,9 +55,9 @@ def main() -> None:
     from bench.serving import abba
     from bench.speculative import WORKLOADS
     from bench.trace_steps import summarise
+    from strata_core.contract.options import SamplingParams
     from strata_core.engine.loop import Engine
     from strata_core.engine.request import Request
-    from strata_core.options import SamplingParams
     from strata_core.text.chat import FALLBACK_TEMPLATE, ChatTemplate
 
     d = backend.engine_defaults()

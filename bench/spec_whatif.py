@@ -69,10 +69,10 @@ def main() -> None:
     ap.add_argument("--window-switch-ms", type=float, default=3.05)
     a = ap.parse_args()
 
-    from strata_core.build import ensure_engine
-    from strata_core.config import load_config
-    from strata_core.models import resolve_model
-    from strata_core.plugins import load_registry
+    from strata_core.ops.build import ensure_engine
+    from strata_core.ops.config import load_config
+    from strata_core.ops.models import resolve_model
+    from strata_core.ops.plugins import load_registry
 
     backend = load_registry().get("cpu")
     sys.path.insert(0, str(ensure_engine(backend).path))
@@ -80,10 +80,10 @@ def main() -> None:
 
     from bench.serving import abba
     from bench.speculative import WORKLOADS
+    from strata_core.contract.options import SamplingParams
     from strata_core.engine import loop, runner
     from strata_core.engine.loop import Engine
     from strata_core.engine.request import Request
-    from strata_core.options import SamplingParams
     from strata_core.text.chat import FALLBACK_TEMPLATE, ChatTemplate
 
     clock = GpuClock(a.base_ms / 1e3, a.row_ms / 1e3, a.plain_switch_ms / 1e3, a.window_switch_ms / 1e3)

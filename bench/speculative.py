@@ -181,7 +181,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         draft = a.draft_model
         if "draft" in a.modes and not draft:
-            from strata_core.models import resolve_model
+            from strata_core.ops.models import resolve_model
             from strata_core.testing.models import write_truncated
 
             draft = str(Path(tmp) / "draft.gguf")

@@ -26,8 +26,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.serving import PROMPTS, run_load, servers, wait_health  # noqa: E402
-from strata_core.build import strata_home  # noqa: E402
-from strata_core.models import default_model_path  # noqa: E402
+from strata_core.ops.build import strata_home  # noqa: E402
+from strata_core.ops.models import default_model_path  # noqa: E402
 from strata_core.testing.models import write_tokenizer  # noqa: E402
 
 MODES = ("none", "layer", "tensor")

@@ -35,10 +35,10 @@ def main() -> None:
     ap.add_argument("--layouts", nargs="+", default=DEFAULT_LAYOUTS)
     a = ap.parse_args()
 
-    from strata_core.build import ensure_engine
-    from strata_core.config import load_config
-    from strata_core.models import resolve_model
-    from strata_core.plugins import load_registry
+    from strata_core.ops.build import ensure_engine
+    from strata_core.ops.config import load_config
+    from strata_core.ops.models import resolve_model
+    from strata_core.ops.plugins import load_registry
 
     backend = load_registry().get(a.backend)
     sys.path.insert(0, str(ensure_engine(backend).path))

@@ -111,11 +111,11 @@ def main() -> None:
     ap.add_argument("--llama-server", help="this llama-server binary instead of one built by bench/peers.py")
     a = ap.parse_args()
 
-    from strata_core.build import ensure_engine
-    from strata_core.config import EngineConfig, load_config
-    from strata_core.models import resolve_model
-    from strata_core.plugins import load_registry
-    from strata_core.reader import engine_command
+    from strata_core.client.reader import engine_command
+    from strata_core.ops.build import ensure_engine
+    from strata_core.ops.config import EngineConfig, load_config
+    from strata_core.ops.models import resolve_model
+    from strata_core.ops.plugins import load_registry
     from strata_core.testing.harness import Server, free_port
 
     backend = load_registry().get(a.backend)
@@ -129,7 +129,7 @@ def main() -> None:
     script = f"""
 import json, sys, time
 from strata_core.engine.llama import Llama, ModelOptions
-from strata_core.options import SamplingParams
+from strata_core.contract.options import SamplingParams
 from strata_core.engine.loop import Engine
 from strata_core.engine.request import Request
 m = Llama(ModelOptions(path={model!r}, n_ctx=2048, n_seq=1, n_batch=512, threads={threads},
@@ -154,7 +154,7 @@ for r in range({a.rounds}):
         rows[f"scheduler: {label}"] = statistics.median(s[key] for s in steps)
 
     # 2. the engine process over the protocol
-    from strata_core import protocol as proto
+    from strata_core.contract import protocol as proto
 
     cmd = engine_command(model, site=site, env=backend.engine_env(EngineConfig()), n_ctx=2048, parallel=1,
                          n_batch=512, threads=threads, n_gpu_layers=d.n_gpu_layers, flash_attn=d.flash_attn,

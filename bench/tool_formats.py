@@ -21,7 +21,7 @@ from pathlib import Path
 
 import openai
 
-from strata_core.models import default_model_path
+from strata_core.ops.models import default_model_path
 from strata_core.testing.harness import Server, free_port, wait_healthy
 from strata_core.testing.templates import tool_templates
 from strata_core.testing.tool_corpus import Outcome, check, server_config, write_models

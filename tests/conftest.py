@@ -11,9 +11,9 @@ import pytest
 from hypothesis import settings
 
 from strata_core.backends.cpu import CpuBackend
-from strata_core.build import EngineBuild, ensure_engine
-from strata_core.config import load_config
-from strata_core.models import default_model_path
+from strata_core.ops.build import EngineBuild, ensure_engine
+from strata_core.ops.config import load_config
+from strata_core.ops.models import default_model_path
 from strata_core.testing.harness import Server
 from strata_core.text.grammars import _byte_tokenizer
 

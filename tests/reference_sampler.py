@@ -21,8 +21,8 @@ import struct
 from collections import Counter
 from collections.abc import Sequence
 
+from strata_core.contract.options import SamplingParams
 from strata_core.engine import philox
-from strata_core.options import SamplingParams
 
 
 def f32(v: float) -> float:

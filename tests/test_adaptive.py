@@ -321,9 +321,9 @@ def test_shadow_waits_for_the_stream_then_scores() -> None:
 
 
 def test_config_reaches_the_engine_command() -> None:
-    from strata_core.config import load_config
+    from strata_core.client.reader import engine_command
     from strata_core.engine.__main__ import parse_args
-    from strata_core.reader import engine_command
+    from strata_core.ops.config import load_config
 
     cfg = load_config(None, env={"STRATA_SPECULATIVE_ADAPTIVE": "false", "STRATA_ENGINE_PROMPT_CACHE_MIB": "64"})
     assert (cfg.speculative.adaptive, cfg.engine.prompt_cache_mib) == (False, 64)

@@ -12,8 +12,8 @@ from strata_core.api.messages import error_body, stop_reason
 from strata_core.api.messages_input import MessagesRequest
 from strata_core.api.responses import ResponseStore
 from strata_core.api.responses_input import ResponsesRequest
-from strata_core.errors import ApiError
-from strata_core.requests import parse_request
+from strata_core.schema.errors import ApiError
+from strata_core.schema.requests import parse_request
 from strata_core.text.choice import Delta
 from strata_core.text.detokenize import StopMatcher
 from strata_core.text.tools import CallDelta

@@ -16,12 +16,12 @@ from strata_hip import HipBackend, parse_amd_smi, parse_rocminfo, parse_version
 from strata_metal import MetalBackend
 from strata_sycl import SyclBackend, compiler_version, parse_sycl_ls
 
-from strata_core.backend import Backend, ProbeStatus
 from strata_core.backends.cpu import cpu_cmake_args
-from strata_core.build import BuildError
-from strata_core.config import EngineConfig
-from strata_core.hookspecs import hookimpl
-from strata_core.plugins import BackendError, Registry, select_backend
+from strata_core.ops.backend_spec import Backend, ProbeStatus
+from strata_core.ops.build import BuildError
+from strata_core.ops.config import EngineConfig
+from strata_core.ops.hookspecs import hookimpl
+from strata_core.ops.plugins import BackendError, Registry, select_backend
 
 
 def fake(bindir: Path, name: str, out: str = "", rc: int = 0, **by_arg: str) -> Path:

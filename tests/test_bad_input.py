@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import httpx
 import pytest
 
-from strata_core.requests import MAX_MESSAGES, MAX_SCHEMA_CHARS, MAX_STOP_CHARS, MAX_TOOLS
+from strata_core.schema.requests import MAX_MESSAGES, MAX_SCHEMA_CHARS, MAX_STOP_CHARS, MAX_TOOLS
 
 pytestmark = pytest.mark.slow
 

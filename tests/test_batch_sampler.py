@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from strata_core.contract.options import SamplingParams
 from strata_core.engine.batch_sampler import Row, sample_rows
 from strata_core.engine.sampler import sample
-from strata_core.options import SamplingParams
 
 VOCAB = 1200  # above the lazy walk's first block (256), so top_p and draws widen it
 

@@ -1,4 +1,4 @@
-"""A model's GGUF metadata setting its defaults (strata_core/catalog.py, api/launch.py):
+"""A model's GGUF metadata setting its defaults (strata_core/ops/catalog.py, api/launch.py):
 the trained context caps n_ctx, the facts listed, a chat template file per model."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from strata_core.api.launch import context_for, log_for, template_file
-from strata_core.catalog import gguf_facts
-from strata_core.config import ConfigError, load_config
+from strata_core.ops.catalog import gguf_facts
+from strata_core.ops.config import ConfigError, load_config
 from strata_core.testing.models import SHAPES, write_random, write_tokenizer
 
 

@@ -263,7 +263,7 @@ def test_tool_format_is_read_from_the_template(smollm2: ChatTemplate) -> None:
 
 
 def test_a_tool_round_trip_renders_as_hf_does() -> None:
-    from strata_core.requests import ChatRequest, parse_request
+    from strata_core.schema.requests import ChatRequest, parse_request
 
     call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "東京"}'}}
     req = parse_request(ChatRequest, {

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from strata_core.config import ConfigError, load_config
+from strata_core.ops.config import ConfigError, load_config
 
 
 def load(tmp_path: Path, text: str):  # type: ignore[no-untyped-def]

@@ -8,9 +8,9 @@ from typing import Any
 import llguidance
 import pytest
 
-from strata_core import protocol as proto
-from strata_core.errors import ApiError
-from strata_core.requests import CompletionRequest, parse_request
+from strata_core.contract import protocol as proto
+from strata_core.schema.errors import ApiError
+from strata_core.schema.requests import CompletionRequest, parse_request
 from strata_core.text.constraints import choice_grammar, lark_source, request_constraint
 from strata_core.text.grammars import _byte_tokenizer, llguidance_grammar
 

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from strata_core.backends.cpu import CpuBackend
-from strata_core.build import EngineBuild
+from strata_core.ops.build import EngineBuild
 from strata_core.testing.harness import Server, llama_server_binary
 from strata_core.testing.harness import llama_server as run_llama_server
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from strata_core.build import EngineBuild
+from strata_core.ops.build import EngineBuild
 from strata_core.testing.harness import Server
 
 pytestmark = pytest.mark.slow

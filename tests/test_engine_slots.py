@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from strata_core import protocol as proto
 from strata_core.backends.cpu import CpuBackend
-from strata_core.build import EngineBuild
+from strata_core.contract import protocol as proto
+from strata_core.ops.build import EngineBuild
 from strata_core.testing.harness import EngineProcess, run_engine_script
 
 pytestmark = pytest.mark.slow
@@ -90,9 +90,9 @@ def test_a_prompt_whose_slot_moved_on_is_loaded_from_host_memory(
 PREFILL_SCRIPT = textwrap.dedent(
     """
     import json
-    from strata_core import protocol as proto
+    from strata_core.contract import protocol as proto
     from strata_core.engine.llama import Llama, ModelOptions
-    from strata_core.options import SamplingParams
+    from strata_core.contract.options import SamplingParams
     from strata_core.engine.loop import Engine
     from strata_core.engine.request import Request
 
@@ -136,9 +136,9 @@ def test_on_a_cpu_the_shortest_waiting_prompt_is_answered_first(cpu_engine: Engi
 REPEAT_SCRIPT = textwrap.dedent(
     """
     import json
-    from strata_core import protocol as proto
+    from strata_core.contract import protocol as proto
     from strata_core.engine.llama import Llama, ModelOptions
-    from strata_core.options import SamplingParams
+    from strata_core.contract.options import SamplingParams
     from strata_core.engine.loop import Engine
     from strata_core.engine.request import Request
 
@@ -181,7 +181,7 @@ SAVE_SCRIPT = textwrap.dedent(
     """
     import json
     from strata_core.engine.llama import Llama, ModelOptions
-    from strata_core.options import SamplingParams
+    from strata_core.contract.options import SamplingParams
     from strata_core.engine.loop import Engine
     from strata_core.engine.request import Request
     from strata_core.engine.prompt_cache import common_prefix

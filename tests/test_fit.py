@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from strata_core.config import CPU_PARALLEL, ConfigError, EngineConfig, load_config, slots_for
 from strata_core.engine.fit import AUTO_MOST, MARGIN, MIB, auto_slots, fit_slots, kv_bytes_per_token
-from strata_core.models import default_model_path
+from strata_core.ops.config import CPU_PARALLEL, ConfigError, EngineConfig, load_config, slots_for
+from strata_core.ops.models import default_model_path
 
 GIB = 1 << 30
 

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from strata_core.backend import ProbeStatus
 from strata_core.backends.cpu import CpuBackend
-from strata_core.build import EngineBuild, build_key, engine_dir, find_engine
-from strata_core.config import ConfigError, load_config
-from strata_core.plugins import load_registry
+from strata_core.ops.backend_spec import ProbeStatus
+from strata_core.ops.build import EngineBuild, build_key, engine_dir, find_engine
+from strata_core.ops.config import ConfigError, load_config
+from strata_core.ops.plugins import load_registry
 
-STRATA = [sys.executable, "-m", "strata_core.cli"]
+STRATA = [sys.executable, "-m", "strata_core.ops.cli"]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -86,7 +86,7 @@ def test_plugin_with_wrong_interface_version_is_broken(tmp_path: Path) -> None:
         "oldapi",
         """
         from strata_core.backends.cpu import CpuBackend
-        from strata_core.hookspecs import hookimpl
+        from strata_core.ops.hookspecs import hookimpl
 
         class Old(CpuBackend):
             name = "oldapi"
@@ -177,7 +177,7 @@ def test_engine_build_is_cached_and_keyed(cpu_engine: EngineBuild) -> None:
     assert "building" not in done.stderr
     assert json.loads((cpu_engine.path.parent / "build.json").read_text())["built_at"] == meta["built_at"]
     # Other flags make another key: a CPU build is never taken for a CUDA one.
-    from strata_core.backend import BuildSpec
+    from strata_core.ops.backend_spec import BuildSpec
 
     other = BuildSpec(cmake_args=(*spec.cmake_args, "-DGGML_CUDA=ON"))
     assert build_key(other) != build_key(spec)
@@ -192,8 +192,8 @@ def test_cuda_source_edit_applies_to_the_pinned_release_once(cpu_engine: EngineB
 
     from strata_cuda import GRAPH_KEY_BY_SHAPE
 
-    from strata_core.backend import BuildSpec, SourceEdit
-    from strata_core.build import ORIGINAL, BuildError, apply_source_edits, source_dir
+    from strata_core.ops.backend_spec import BuildSpec, SourceEdit
+    from strata_core.ops.build import ORIGINAL, BuildError, apply_source_edits, source_dir
 
     edit = GRAPH_KEY_BY_SHAPE
     released = source_dir(print) / edit.path

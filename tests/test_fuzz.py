@@ -28,7 +28,7 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
     status_code_conformance,
 )
 
-from strata_core.build import EngineBuild  # noqa: E402
+from strata_core.ops.build import EngineBuild  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

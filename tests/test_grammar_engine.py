@@ -11,9 +11,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from strata_core import protocol as proto
 from strata_core.backends.cpu import CpuBackend
-from strata_core.build import EngineBuild
+from strata_core.contract import protocol as proto
+from strata_core.ops.build import EngineBuild
 from strata_core.testing.harness import EngineProcess
 from strata_core.text.grammars import json_schema_grammar
 

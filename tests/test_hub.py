@@ -1,4 +1,4 @@
-"""Pulling models by reference (strata_core/hub.py) from a loopback server speaking the
+"""Pulling models by reference (strata_core/ops/hub.py) from a loopback server speaking the
 hub's HTTP API (HF_ENDPOINT), into huggingface_hub's cache under a temporary HF_HOME."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import gguf
 import numpy as np
 import pytest
 
-from strata_core import catalog, hub
-from strata_core.models import ModelError, resolve_model
+from strata_core.ops import catalog, hub
+from strata_core.ops.models import ModelError, resolve_model
 from strata_core.testing.fake_hub import FakeHub
 
 REPO = "acme/Tiny-GGUF"
@@ -192,17 +192,17 @@ def test_catalog_names_and_rm(fake_hub: FakeHub) -> None:
 
 def test_strata_pull_command_logs_one_line_per_file(fake_hub: FakeHub) -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
-    done = subprocess.run([sys.executable, "-m", "strata_core.cli", "pull", f"{REPO}:Q2_K"],
+    done = subprocess.run([sys.executable, "-m", "strata_core.ops.cli", "pull", f"{REPO}:Q2_K"],
                           capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     lines = [ln for ln in done.stderr.splitlines() if ln.startswith("strata: ")]
     assert len(lines) == 4 and all("sha256 ok" in ln for ln in lines), done.stderr  # 3 parts + mmproj
     assert "\r" not in done.stderr  # no progress bar off a terminal
     assert done.stdout.startswith(f"{REPO}:Q2_K ")
-    listed = subprocess.run([sys.executable, "-m", "strata_core.cli", "models"], capture_output=True, text=True,
+    listed = subprocess.run([sys.executable, "-m", "strata_core.ops.cli", "models"], capture_output=True, text=True,
                             env=env, timeout=120)  # fmt: skip
     row = next(ln for ln in listed.stdout.splitlines() if ln.startswith(f"{REPO}:Q2_K "))
     assert "llama" in row and "ctx 2048" in row
-    bad = subprocess.run([sys.executable, "-m", "strata_core.cli", "pull", f"{REPO}:Q9"], capture_output=True,
+    bad = subprocess.run([sys.executable, "-m", "strata_core.ops.cli", "pull", f"{REPO}:Q9"], capture_output=True,
                          text=True, env=env, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "its quants: Q2_K, Q4_K_M, Q8_0" in bad.stderr

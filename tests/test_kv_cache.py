@@ -14,11 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from strata_core import protocol as proto
 from strata_core.backends.cpu import CpuBackend
-from strata_core.build import EngineBuild
-from strata_core.config import ConfigError, check_cache_types, load_config
-from strata_core.reader import engine_command
+from strata_core.client.reader import engine_command
+from strata_core.contract import protocol as proto
+from strata_core.ops.build import EngineBuild
+from strata_core.ops.config import ConfigError, check_cache_types, load_config
 from strata_core.testing.harness import EngineProcess, llama_server_binary
 from strata_core.testing.harness import llama_server as run_llama_server
 from strata_core.testing.reference import N_TOKENS, Run, greedy_runs
@@ -59,7 +59,7 @@ def test_what_llama_cpp_refuses_is_refused_naming_the_key() -> None:
 def test_serve_refuses_a_quantised_v_cache_without_flash_attention(tmp_path: Path) -> None:
     cfg = tmp_path / "strata.toml"
     cfg.write_text('[engine]\nbackend = "cpu"\ncache_type_v = "q8_0"\n')  # the CPU backend's default: no flash attention
-    done = subprocess.run([sys.executable, "-m", "strata_core.cli", "serve", "--config", str(cfg)],
+    done = subprocess.run([sys.executable, "-m", "strata_core.ops.cli", "serve", "--config", str(cfg)],
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert 'strata: error: [engine] cache_type_v = "q8_0" is quantised' in done.stderr

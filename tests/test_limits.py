@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from strata_core.api.limits import parse_json
-from strata_core.errors import ApiError
+from strata_core.schema.errors import ApiError
 
 DEPTH = 64
 

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from strata_core.build import EngineBuild
+from strata_core.ops.build import EngineBuild
 
 pytestmark = pytest.mark.slow
 

@@ -10,9 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strata_core.protocol import Logprob
+from strata_core.api.bodies import completion_logprobs as legacy
+from strata_core.api.bodies import entry_body
+from strata_core.contract.protocol import Logprob
 from strata_core.text.detokenize import Detokenizer
-from strata_core.text.logprobs import UNLIKELY, Aligner, Alt, Entry, Span, legacy
+from strata_core.text.logprobs import UNLIKELY, Aligner, Alt, Entry, Span
 
 # A small vocabulary whose pieces split multi-byte characters the way byte-fallback
 # and BPE vocabularies do. 😀 = F0 9F 98 80, 東 = E6 9D B1, 京 = E4 BA AC, é = C3 A9,
@@ -214,14 +216,14 @@ def test_alternatives_sorted_cut_to_k_with_their_own_text_and_bytes():
     a0 = Aligner(PIECES, 0)
     a0.add(V[b"A"], lp(-0.1, *top))
     assert a0.entries()[0].top == ()
-    assert a0.entries()[0].chat()["top_logprobs"] == []
+    assert entry_body(a0.entries()[0])["top_logprobs"] == []
 
 
 def test_chat_shape_and_json_safe_logprobs():
     a = Aligner(PIECES, alternatives=2)
     a.add(V[b"A"], lp(-math.inf, (V[b"A"], -math.inf), (V[b"!"], -math.inf)))
     a.add(V[b"!"], None)  # a token whose LP line never came
-    es = [e.chat() for e in a.entries()]
+    es = [entry_body(e) for e in a.entries()]
     assert es[0] == {
         "token": "A",
         "logprob": UNLIKELY,

@@ -18,8 +18,8 @@ import openai
 import pytest
 from reference_sampler import adjusted, kept
 
+from strata_core.contract.options import SamplingParams
 from strata_core.engine.sampler import processed_logprobs, top_logprobs
-from strata_core.options import SamplingParams
 from strata_core.testing.harness import Server
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from strata_core.config import ConfigError, load_config
+from strata_core.ops.config import ConfigError, load_config
 from strata_core.testing.harness import Server
 from strata_core.testing.models import write_lora
 

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from strata_core import protocol as proto
 from strata_core.api.media import check_media, data_url_bytes, fetch
-from strata_core.config import Config, ServerConfig
+from strata_core.contract import protocol as proto
 from strata_core.engine.media_runs import decode_media_ahead, media_boundary, text_ahead
-from strata_core.errors import ApiError
-from strata_core.models import projector_inputs
-from strata_core.requests import ChatRequest, ImagePart, TextPart, join_parts
+from strata_core.ops.config import Config, ServerConfig
+from strata_core.ops.models import projector_inputs
+from strata_core.schema.errors import ApiError
+from strata_core.schema.requests import ChatRequest, ImagePart, TextPart, join_parts
 from strata_core.testing.projector import image_tokens, write_vision_projector
 
 M = "<M>"

@@ -17,9 +17,9 @@ import httpx
 import openai
 import pytest
 
-from strata_core import protocol as proto
 from strata_core.backends.cpu import CpuBackend
-from strata_core.build import EngineBuild, source_dir
+from strata_core.contract import protocol as proto
+from strata_core.ops.build import EngineBuild, source_dir
 from strata_core.testing.harness import EngineProcess, Server, llama_server_binary
 from strata_core.testing.harness import llama_server as run_llama_server
 from strata_core.testing.projector import image_tokens, write_vision_projector

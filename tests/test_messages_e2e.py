@@ -15,7 +15,7 @@ import openai
 import pytest
 from test_tools_e2e import TIMEOUT
 
-from strata_core.build import EngineBuild
+from strata_core.ops.build import EngineBuild
 from strata_core.testing.harness import Server
 
 pytestmark = pytest.mark.slow

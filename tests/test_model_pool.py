@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from strata_core.build import EngineBuild
+from strata_core.ops.build import EngineBuild
 from strata_core.testing.harness import Server
 
 pytestmark = pytest.mark.slow

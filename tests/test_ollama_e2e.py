@@ -19,7 +19,7 @@ import numpy as np
 import openai
 import pytest
 
-from strata_core.build import EngineBuild
+from strata_core.ops.build import EngineBuild
 from strata_core.testing.fake_hub import FakeHub
 from strata_core.testing.harness import Server
 

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from strata_core.api.ollama_input import OllamaChat, OllamaGenerate, OllamaModelName
-from strata_core.errors import ApiError
-from strata_core.requests import parse_request
+from strata_core.schema.errors import ApiError
+from strata_core.schema.requests import parse_request
 
 
 def chat(**body: object) -> OllamaChat:

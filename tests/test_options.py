@@ -1,4 +1,4 @@
-"""The engine contract (strata_core/options.py): GEN keys to typed options and back."""
+"""The engine contract (strata_core/contract/options.py): GEN keys to typed options and back."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strata_core import protocol as proto
-from strata_core.options import MAX_ALTERNATIVES, GenOptions, OptionError, SamplingParams
+from strata_core.contract import protocol as proto
+from strata_core.contract.options import MAX_ALTERNATIVES, GenOptions, OptionError, SamplingParams
 
 N_VOCAB = 49152
 

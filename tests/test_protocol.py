@@ -12,8 +12,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from strata_core import protocol as proto
-from strata_core.protocol import (
+from strata_core.contract import protocol as proto
+from strata_core.contract.protocol import (
     DONE_REASONS,
     PROTOCOL_VERSION,
     Cancel,

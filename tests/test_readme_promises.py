@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from strata_core.build import EngineBuild
+from strata_core.ops.build import EngineBuild
 from strata_core.testing.harness import Server
 
 pytestmark = pytest.mark.slow
@@ -23,7 +23,7 @@ ARGS = ["--backend", "cpu", "--parallel", "1", "--n-ctx", "512"]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "strata_core.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "strata_core.ops.cli", *args], capture_output=True, text=True,
                           timeout=600, env=os.environ.copy())  # fmt: skip
 
 
@@ -101,8 +101,8 @@ def test_frequency_penalty_over_http(client: openai.OpenAI) -> None:
 
 def test_auto_takes_the_first_backend_that_can_run(monkeypatch: pytest.MonkeyPatch) -> None:
     """`auto` means the first of cuda, hip, sycl, metal, cpu whose probe succeeds."""
-    from strata_core.backend import Probe, ProbeStatus
-    from strata_core.plugins import AUTO_ORDER, load_registry, select_backend
+    from strata_core.ops.backend_spec import Probe, ProbeStatus
+    from strata_core.ops.plugins import AUTO_ORDER, load_registry, select_backend
 
     assert AUTO_ORDER == ("cuda", "hip", "sycl", "metal", "cpu")
     reg = load_registry()

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from strata_core.protocol import Logprob
-from strata_core.reader import TokenEvent
+from strata_core.contract.events import TokenEvent
+from strata_core.contract.protocol import Logprob
 from strata_core.text.choice import ChatShape, ChoiceText
 from strata_core.text.reasoning import Piece, ThinkSplitter, prompt_opens_think
 

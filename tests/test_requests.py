@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from strata_core.errors import ApiError
-from strata_core.requests import (
+from strata_core.schema.errors import ApiError
+from strata_core.schema.requests import (
     MAX_N,
     NOT_YET_SUPPORTED,
     PENALTY_LAST_N_ALL,

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from test_embeddings_e2e import FLASH
 
-from strata_core.build import EngineBuild
+from strata_core.ops.build import EngineBuild
 from strata_core.testing.harness import Server, llama_server_binary
 from strata_core.testing.harness import llama_server as run_llama_server
 from strata_core.testing.models import write_reranker

@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference_sampler import kept, reference_sample, reference_samples
 
+from strata_core.contract.options import SamplingParams
 from strata_core.engine import sampler
 from strata_core.engine.sampler import sample, top_logprobs
-from strata_core.options import SamplingParams
 
 N_VOCAB = 49_152
 POSITIONS = range(6)

@@ -23,8 +23,8 @@ from types import ModuleType
 import numpy as np
 import pytest
 
+from strata_core.contract.options import SamplingParams
 from strata_core.engine import sampler
-from strata_core.options import SamplingParams
 
 pytestmark = pytest.mark.slow
 

@@ -9,14 +9,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from strata_core.config import SamplingConfig
-from strata_core.requests import PENALTY_LAST_N_ALL, BaseRequest, ChatRequest, CompletionRequest
-from strata_core.sampling import (
+from strata_core.api.sampling_defaults import (
     DEFAULT_PENALTY_LAST_N,
     check_defaults,
     gen_options,
     max_new_tokens,
     resolve_seed,
+)
+from strata_core.ops.config import SamplingConfig
+from strata_core.schema.requests import (
+    PENALTY_LAST_N_ALL,
+    BaseRequest,
+    ChatRequest,
+    CompletionRequest,
 )
 
 NONE = SamplingConfig()

@@ -17,7 +17,7 @@ import openai
 import pytest
 import ray.serve  # noqa: F401  (the test extra installs Ray: without it this file fails, never skips)
 
-from strata_core.build import EngineBuild
+from strata_core.ops.build import EngineBuild
 from strata_core.testing.harness import Server
 
 pytestmark = pytest.mark.slow

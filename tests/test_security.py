@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from strata_core.build import EngineBuild
-from strata_core.cli import exposure_warning
-from strata_core.config import load_config
+from strata_core.ops.build import EngineBuild
+from strata_core.ops.cli import exposure_warning
+from strata_core.ops.config import load_config
 from strata_core.text.chat import ChatTemplate, TemplateError
 
 KEY = "sekret-key"
@@ -58,7 +58,7 @@ def test_serving_beyond_loopback_without_a_key_warns() -> None:
 def test_strata_serve_prints_the_warning(tmp_path: Path) -> None:
     """Printed before anything loads: a model that does not exist ends the run right after."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_SERVER_")}
-    cmd = [sys.executable, "-m", "strata_core.cli", "serve", "--model", str(tmp_path / "none.gguf")]
+    cmd = [sys.executable, "-m", "strata_core.ops.cli", "serve", "--model", str(tmp_path / "none.gguf")]
     run = subprocess.run([*cmd, "--host", "0.0.0.0"], capture_output=True, text=True, env=env, timeout=120)
     assert run.returncode != 0 and "without an API key" in run.stderr, run.stderr
     keyed = subprocess.run([*cmd, "--host", "0.0.0.0"], capture_output=True, text=True, timeout=120,

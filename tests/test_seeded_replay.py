@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from strata_core.build import EngineBuild
+from strata_core.ops.build import EngineBuild
 from strata_core.testing.harness import run_engine_script
 
 pytestmark = pytest.mark.slow
@@ -24,9 +24,9 @@ pytestmark = pytest.mark.slow
 SCRIPT = textwrap.dedent(
     """
     import json
-    from strata_core import protocol as proto
+    from strata_core.contract import protocol as proto
     from strata_core.engine.llama import Llama, ModelOptions
-    from strata_core.options import SamplingParams
+    from strata_core.contract.options import SamplingParams
     from strata_core.engine.loop import Engine
     from strata_core.engine.request import Request
 

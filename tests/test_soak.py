@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from strata_core.build import EngineBuild
+from strata_core.ops.build import EngineBuild
 
 pytestmark = pytest.mark.slow
 

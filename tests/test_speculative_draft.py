@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 from test_speculative import chi2_critical_999, chi2_statistic
 
-from strata_core import protocol as proto
 from strata_core.backends.cpu import CpuBackend
-from strata_core.build import EngineBuild
-from strata_core.config import ConfigError, load_config
+from strata_core.contract import protocol as proto
+from strata_core.contract.options import SamplingParams
 from strata_core.engine.sampler import probabilities, sample
 from strata_core.engine.speculation.verify import NULL, Proposal, sampled_proposal, verify_proposal
-from strata_core.options import SamplingParams
+from strata_core.ops.build import EngineBuild
+from strata_core.ops.config import ConfigError, load_config
 from strata_core.testing.harness import EngineProcess, Server
 
 COPY = "Please repeat this sentence exactly: the quick brown fox jumps over the lazy dog near the river bank. "
@@ -108,8 +108,8 @@ def test_draft_mode_without_a_draft_model_is_refused(tmp_path: Path) -> None:
 
 
 def test_draft_model_option_selects_draft_mode_and_reaches_the_engine() -> None:
-    from strata_core.cli import _config, build_parser
-    from strata_core.reader import engine_command
+    from strata_core.client.reader import engine_command
+    from strata_core.ops.cli import _config, build_parser
 
     cfg = _config(build_parser().parse_args(["serve", "--draft-model", "small.gguf"]))
     assert (cfg.speculative.mode, cfg.speculative.draft_model) == ("draft", "small.gguf")
@@ -126,7 +126,7 @@ def test_draft_mode_without_a_draft_model_refuses_to_serve(tmp_path: Path) -> No
     cfg = tmp_path / "s.toml"
     cfg.write_text('[speculative]\nmode = "draft"\n')
     done = subprocess.run(
-        [sys.executable, "-m", "strata_core.cli", "serve", "--config", str(cfg)],
+        [sys.executable, "-m", "strata_core.ops.cli", "serve", "--config", str(cfg)],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2 and "draft_model" in done.stderr, done.stderr

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from strata_core import protocol as proto
 from strata_core.backends.cpu import CpuBackend
-from strata_core.build import EngineBuild
+from strata_core.contract import protocol as proto
+from strata_core.ops.build import EngineBuild
 from strata_core.testing.harness import EngineProcess
 
 pytestmark = pytest.mark.slow

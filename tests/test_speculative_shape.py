@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from strata_core.build import EngineBuild
+from strata_core.ops.build import EngineBuild
 from strata_core.testing.harness import run_engine_script as run_script
 
 pytestmark = pytest.mark.slow
@@ -23,10 +23,10 @@ pytestmark = pytest.mark.slow
 SCRIPT = textwrap.dedent(
     """
     import json
-    from strata_core import protocol as proto
+    from strata_core.contract import protocol as proto
     from strata_core.engine.speculation.cost import StepCost
     from strata_core.engine.llama import Llama, ModelOptions
-    from strata_core.options import SamplingParams
+    from strata_core.contract.options import SamplingParams
     from strata_core.engine.loop import Engine
     from strata_core.engine.request import Request
 
@@ -84,7 +84,7 @@ GUARD_SCRIPT = textwrap.dedent(
     import json
     from strata_core.engine.speculation.cost import StepCost
     from strata_core.engine.llama import Llama, ModelOptions
-    from strata_core.options import SamplingParams
+    from strata_core.contract.options import SamplingParams
     from strata_core.engine.loop import Engine
     from strata_core.engine.request import Request
 
@@ -145,7 +145,7 @@ JUDGED_SCRIPT = textwrap.dedent(
     import json
     from strata_core.engine.speculation.cost import StepCost
     from strata_core.engine.llama import Llama, ModelOptions
-    from strata_core.options import SamplingParams
+    from strata_core.contract.options import SamplingParams
     from strata_core.engine.loop import Engine
     from strata_core.engine.request import Request
 
@@ -211,9 +211,9 @@ def test_the_guard_is_taught_only_by_steps_that_would_open_windows(
 GAP_SCRIPT = textwrap.dedent(
     """
     import json
-    from strata_core import protocol as proto
+    from strata_core.contract import protocol as proto
     from strata_core.engine.llama import Llama, ModelOptions
-    from strata_core.options import SamplingParams
+    from strata_core.contract.options import SamplingParams
     from strata_core.engine.loop import Engine
     from strata_core.engine.request import Request
 
@@ -263,10 +263,10 @@ def test_a_gap_between_decoding_slots_is_filled_on_a_gpu(cpu_engine: EngineBuild
 PAUSE_SCRIPT = textwrap.dedent(
     """
     import json
-    from strata_core import protocol as proto
+    from strata_core.contract import protocol as proto
     from strata_core.engine.speculation.cost import StepCost
     from strata_core.engine.llama import Llama, ModelOptions
-    from strata_core.options import SamplingParams
+    from strata_core.contract.options import SamplingParams
     from strata_core.engine.loop import Engine
     from strata_core.engine.request import Request
     from strata_core.engine.speculation.ngram import NgramIndex

@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from strata_core import protocol as proto
-from strata_core.build import EngineBuild
-from strata_core.config import ConfigError, check_split, load_config
-from strata_core.reader import engine_command
+from strata_core.client.reader import engine_command
+from strata_core.contract import protocol as proto
+from strata_core.ops.build import EngineBuild
+from strata_core.ops.config import ConfigError, check_split, load_config
 from strata_core.testing.harness import Server
 
 
@@ -78,13 +78,13 @@ def test_engine_command_carries_exactly_the_split_keys() -> None:
 def test_serve_refuses_tensor_mode_on_the_cpu_naming_the_key(tmp_path: Path) -> None:
     cfg = tmp_path / "strata.toml"
     cfg.write_text('[engine]\nbackend = "cpu"\nsplit_mode = "tensor"\n')
-    done = subprocess.run([sys.executable, "-m", "strata_core.cli", "serve", "--config", str(cfg)],
+    done = subprocess.run([sys.executable, "-m", "strata_core.ops.cli", "serve", "--config", str(cfg)],
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 2
     assert 'strata: error: [engine] split_mode = "tensor" needs flash attention' in done.stderr
     assert "Traceback" not in done.stderr
     cfg.write_text('[engine]\nbackend = "cpu"\nsplit_mode = "tensor"\nflash_attn = true\n')
-    done = subprocess.run([sys.executable, "-m", "strata_core.cli", "serve", "--config", str(cfg)],
+    done = subprocess.run([sys.executable, "-m", "strata_core.ops.cli", "serve", "--config", str(cfg)],
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 2
     assert "n_gpu_layers = 0" in done.stderr and "Traceback" not in done.stderr

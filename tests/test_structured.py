@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from strata_core import protocol as proto
-from strata_core.errors import ApiError
-from strata_core.requests import ResponseFormat
+from strata_core.contract import protocol as proto
+from strata_core.schema.errors import ApiError
+from strata_core.schema.requests import ResponseFormat
 from strata_core.text.logprobs import Aligner, Entry, slice_entries
 from strata_core.text.structured import canonical_json, constraint_for, reconcile, reconcile_choice
 

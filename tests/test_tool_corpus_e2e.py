@@ -12,7 +12,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from strata_core.build import EngineBuild
+from strata_core.ops.build import EngineBuild
 from strata_core.testing.harness import Server
 from strata_core.testing.templates import tool_templates
 from strata_core.testing.tool_corpus import check, server_config, write_models

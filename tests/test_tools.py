@@ -351,7 +351,7 @@ def test_generic_messages_render_tool_turns_as_text() -> None:
 
 
 def test_generic_opt_out_key(tmp_path: Any) -> None:
-    from strata_core.config import ConfigError, load_config
+    from strata_core.ops.config import ConfigError, load_config
 
     assert load_config(env={}).tools.generic is True
     assert load_config(env={"STRATA_TOOLS_GENERIC": "false"}).tools.generic is False

@@ -21,7 +21,7 @@ import jsonschema
 import openai
 import pytest
 
-from strata_core.build import EngineBuild
+from strata_core.ops.build import EngineBuild
 from strata_core.testing.harness import Server
 from strata_core.testing.models import write_with_template
 

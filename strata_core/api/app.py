@@ -18,8 +18,8 @@ from strata_core.api import completions, embeddings, messages, ollama, rerank, r
 from strata_core.api.openapi import COMMON_ERRORS, document
 from strata_core.api.pool import ModelPool
 from strata_core.api.service import engine_unavailable
-from strata_core.errors import ApiError, internal_error
-from strata_core.reader import EngineUnavailable
+from strata_core.client.reader import EngineUnavailable
+from strata_core.schema.errors import ApiError, internal_error
 
 log = logging.getLogger("strata.api")
 

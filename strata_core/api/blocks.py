@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from strata_core.api.stream import Collected
-from strata_core.reader import EngineUnavailable
+from strata_core.client.reader import EngineUnavailable
 from strata_core.text.choice import Delta
 from strata_core.text.tools import CallDelta
 

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from strata_core.reader import Usage
-from strata_core.text.logprobs import Entry, legacy
+from strata_core.contract.events import Usage
+from strata_core.text.logprobs import UNLIKELY, Entry
 from strata_core.text.tools import ToolCall
 
 
@@ -47,21 +48,62 @@ class Choice:
         return out
 
 
+def _json_lp(x: float) -> float:
+    return x if math.isfinite(x) else UNLIKELY
+
+
+def entry_body(e: Entry) -> dict[str, Any]:
+    """One ``choices[i].logprobs.content`` entry of a chat choice."""
+    return {
+        "token": e.token,
+        "logprob": _json_lp(e.logprob),
+        "bytes": list(e.bytes),
+        "top_logprobs": [
+            {"token": a.token, "logprob": _json_lp(a.logprob), "bytes": list(a.bytes)}
+            for a in e.top
+        ],
+    }
+
+
 def chat_logprobs(
     entries: Sequence[Entry], reasoning: Sequence[Entry] | None = None
 ) -> dict[str, Any]:
     """A chat choice's (or chunk's) ``logprobs``: one entry per token of the content, and
     (as vLLM and llama-server do) ``reasoning_content`` for the reasoning's tokens."""
-    out: dict[str, Any] = {"content": [e.chat() for e in entries], "refusal": None}
+    out: dict[str, Any] = {"content": [entry_body(e) for e in entries], "refusal": None}
     if reasoning:
-        out["reasoning_content"] = [e.chat() for e in reasoning]
+        out["reasoning_content"] = [entry_body(e) for e in reasoning]
     return out
 
 
 def completion_logprobs(entries: Sequence[Entry], text_offset0: int = 0) -> dict[str, Any]:
-    """A completion choice's (or chunk's) legacy ``logprobs``; offsets count from
-    ``text_offset0``, where the entries' text starts in the choice's text."""
-    return legacy(entries, text_offset0)
+    """A completion choice's (or chunk's) legacy ``/v1/completions`` logprobs: four
+    arrays of equal length.
+
+    ``top_logprobs`` maps each alternative's token text to its logprob, at most the
+    aligner's ``alternatives``; when two alternatives read the same (two pieces of one
+    character both read U+FFFD) the more likely one keeps the key. ``text_offset`` is
+    each token's character offset in the choice's text, from ``text_offset0`` (where the
+    entries' text starts: the prompt's length with ``echo``); it does not decrease, and a
+    token that completes no character has the offset of the next one.
+    """
+    offsets = []
+    at = text_offset0
+    for e in entries:
+        offsets.append(at)
+        at += len(e.token)
+    tops: list[dict[str, float]] = []
+    for e in entries:
+        top: dict[str, float] = {}
+        for a in e.top:
+            top.setdefault(a.token, _json_lp(a.logprob))
+        tops.append(top)
+    return {
+        "tokens": [e.token for e in entries],
+        "token_logprobs": [_json_lp(e.logprob) for e in entries],
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }
 
 
 def new_id(kind: str) -> str:

@@ -11,11 +11,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from strata_core.api import bodies, openapi
+from strata_core.api.sampling_defaults import resolve_seed
 from strata_core.api.service import Service, engine_unavailable, json_body, service_for, until_done
 from strata_core.api.stream import collect, reconciled, sse_stream
-from strata_core.reader import EngineUnavailable, Usage
-from strata_core.requests import BaseRequest, ChatRequest, CompletionRequest, parse_request
-from strata_core.sampling import resolve_seed
+from strata_core.client.reader import EngineUnavailable
+from strata_core.contract.events import Usage
+from strata_core.schema.requests import BaseRequest, ChatRequest, CompletionRequest, parse_request
 from strata_core.text.choice import ChatShape
 from strata_core.text.detokenize import decode
 

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from strata_core import catalog
 from strata_core.api.service import Service
-from strata_core.backend import Backend
-from strata_core.build import EngineBuild, ensure_engine
-from strata_core.config import (
+from strata_core.client.reader import EngineClient, EngineCommand, engine_command
+from strata_core.ops import catalog
+from strata_core.ops.backend_spec import Backend
+from strata_core.ops.build import EngineBuild, ensure_engine
+from strata_core.ops.config import (
     Config,
     ConfigError,
     EngineConfig,
@@ -24,9 +25,14 @@ from strata_core.config import (
     check_split,
     slots_for,
 )
-from strata_core.models import ALIASES, ResolvedModel, mmproj_path, projector_inputs, resolve_model
-from strata_core.plugins import load_registry, select_backend
-from strata_core.reader import EngineClient, EngineCommand, engine_command
+from strata_core.ops.models import (
+    ALIASES,
+    ResolvedModel,
+    mmproj_path,
+    projector_inputs,
+    resolve_model,
+)
+from strata_core.ops.plugins import load_registry, select_backend
 from strata_core.text.chat import ChatTemplate, TemplateError
 
 log = logging.getLogger("strata.launch")

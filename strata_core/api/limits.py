@@ -10,8 +10,8 @@ from typing import Any
 
 from fastapi import Request
 
-from strata_core.config import ServerConfig
-from strata_core.errors import ApiError
+from strata_core.ops.config import ServerConfig
+from strata_core.schema.errors import ApiError
 
 #: Seconds a client refused for a full queue is told to wait (Retry-After).
 RETRY_AFTER_S = 1

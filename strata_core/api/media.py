@@ -14,10 +14,10 @@ from urllib.parse import urljoin
 
 import httpx
 
-from strata_core.config import ServerConfig
-from strata_core.errors import ApiError
-from strata_core.reader import EngineClient, EngineRefused, MediaPrompt
-from strata_core.requests import MediaPart
+from strata_core.client.reader import EngineClient, EngineRefused, MediaPrompt
+from strata_core.ops.config import ServerConfig
+from strata_core.schema.errors import ApiError
+from strata_core.schema.requests import MediaPart
 
 _DATA_URL = re.compile(r"data:(?P<type>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^,;]*)*?);base64,(?P<data>.*)", re.S)
 MAX_REDIRECTS = 3

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, field_validator, model_validator
 
-from strata_core.requests import (
+from strata_core.schema.requests import (
     MAX_STOP,
     ChatRequest,
     Strict,

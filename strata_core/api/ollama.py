@@ -7,7 +7,7 @@ Replies stream as NDJSON (``stream`` is true unless the request says false); the
 object has ``done: true``, ``done_reason`` and the counts and durations (nanoseconds,
 measured here) Ollama reports. Models are named as the server names them (``strata
 models``: ``OWNER/REPO:QUANT``), with or without ``:latest``; pulls and deletes act on
-the hub's cache (strata_core.catalog) and, with ``[server] catalog``, on what is served.
+the hub's cache (strata_core.ops.catalog) and, with ``[server] catalog``, on what is served.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from strata_core import catalog, hub
 from strata_core.api import openapi
 from strata_core.api.blocks import Block, Closed, Grew, blocks_of, stream_blocks
 from strata_core.api.embeddings import normalized, token_inputs, with_specials
@@ -39,13 +38,15 @@ from strata_core.api.ollama_input import (
     OllamaOptions,
 )
 from strata_core.api.pool import Loaded, ModelPool
+from strata_core.api.sampling_defaults import resolve_seed
 from strata_core.api.service import ChatRun, Service, engine_unavailable, json_body, until_done
 from strata_core.api.stream import collect, reconciled
-from strata_core.errors import ApiError
-from strata_core.models import ModelError
-from strata_core.reader import EngineUnavailable, Usage
-from strata_core.requests import BaseRequest, parse_request
-from strata_core.sampling import resolve_seed
+from strata_core.client.reader import EngineUnavailable
+from strata_core.contract.events import Usage
+from strata_core.ops import catalog, hub
+from strata_core.ops.models import ModelError
+from strata_core.schema.errors import ApiError
+from strata_core.schema.requests import BaseRequest, parse_request
 from strata_core.text.choice import Delta
 
 router = APIRouter()

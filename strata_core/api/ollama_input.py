@@ -19,8 +19,14 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from strata_core.errors import ApiError
-from strata_core.requests import ChatRequest, CompletionRequest, Strict, invalid, parse_request
+from strata_core.schema.errors import ApiError
+from strata_core.schema.requests import (
+    ChatRequest,
+    CompletionRequest,
+    Strict,
+    invalid,
+    parse_request,
+)
 
 #: Ollama option -> the chat request's field.
 SAMPLING = {

@@ -13,7 +13,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from strata_core import __version__
-from strata_core.requests import ChatRequest, CompletionRequest
+from strata_core.schema.requests import ChatRequest, CompletionRequest
 
 REF = "#/components/schemas/{model}"
 

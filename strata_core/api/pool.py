@@ -14,10 +14,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from strata_core import catalog
 from strata_core.api.launch import CatalogSource, ModelSpec
 from strata_core.api.service import Service
-from strata_core.errors import ApiError
+from strata_core.ops import catalog
+from strata_core.schema.errors import ApiError
 
 log = logging.getLogger("strata.pool")
 

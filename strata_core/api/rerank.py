@@ -18,8 +18,8 @@ from pydantic import Field, field_validator
 
 from strata_core.api import openapi
 from strata_core.api.service import Service, engine_work, json_body, service_for
-from strata_core.errors import ApiError
-from strata_core.requests import Strict, invalid, parse_request
+from strata_core.schema.errors import ApiError
+from strata_core.schema.requests import Strict, invalid, parse_request
 
 router = APIRouter()
 

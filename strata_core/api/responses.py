@@ -32,9 +32,10 @@ from strata_core.api.service import (
     until_done,
 )
 from strata_core.api.stream import collect, reconciled
-from strata_core.errors import ApiError
-from strata_core.reader import EngineUnavailable, Usage
-from strata_core.requests import parse_request
+from strata_core.client.reader import EngineUnavailable
+from strata_core.contract.events import Usage
+from strata_core.schema.errors import ApiError
+from strata_core.schema.requests import parse_request
 from strata_core.text.choice import Delta
 
 router = APIRouter()

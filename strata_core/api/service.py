@@ -15,24 +15,23 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
-from strata_core import protocol as proto
 from strata_core.api.limits import queue_full, read_json
 from strata_core.api.media import check_media, media_marker, media_prompt
 from strata_core.api.metrics import Metrics
-from strata_core.api.stream import timed_out
-from strata_core.config import CPU_PARALLEL, Config
-from strata_core.errors import ApiError
-from strata_core.options import GenOptions, OptionError
-from strata_core.reader import (
-    EngineClient,
-    EngineUnavailable,
-    Finished,
-    RequestStream,
-    TokenEvent,
-    Usage,
+from strata_core.api.sampling_defaults import (
+    REQUEST_PARAMS,
+    gen_options,
+    max_new_tokens,
+    resolve_seed,
 )
-from strata_core.requests import BaseRequest, ChatRequest, Tool
-from strata_core.sampling import REQUEST_PARAMS, gen_options, max_new_tokens, resolve_seed
+from strata_core.api.stream import timed_out
+from strata_core.client.reader import EngineClient, EngineUnavailable, RequestStream
+from strata_core.contract import protocol as proto
+from strata_core.contract.events import Finished, TokenEvent, Usage
+from strata_core.contract.options import GenOptions, OptionError
+from strata_core.ops.config import CPU_PARALLEL, Config
+from strata_core.schema.errors import ApiError
+from strata_core.schema.requests import BaseRequest, ChatRequest, Tool
 from strata_core.text.chat import ChatTemplate, TemplateError
 from strata_core.text.choice import ChatShape, ChoiceText, Delta, carry
 from strata_core.text.constraints import request_constraint

@@ -13,8 +13,9 @@ from typing import Any
 
 from strata_core.api import bodies
 from strata_core.api.metrics import Counter
-from strata_core.errors import ApiError, internal_error
-from strata_core.reader import EngineUnavailable, Usage
+from strata_core.client.reader import EngineUnavailable
+from strata_core.contract.events import Usage
+from strata_core.schema.errors import ApiError, internal_error
 from strata_core.text.choice import Delta, joined
 from strata_core.text.logprobs import Entry
 from strata_core.text.structured import Constraint, reconcile_choice

@@ -18,8 +18,15 @@ from pydantic import Field, model_validator
 
 from strata_core.api import openapi
 from strata_core.api.service import json_body, service_for
-from strata_core.reader import MediaPrompt
-from strata_core.requests import ChatMessage, ChatRequest, Strict, Tool, invalid, parse_request
+from strata_core.client.reader import MediaPrompt
+from strata_core.schema.requests import (
+    ChatMessage,
+    ChatRequest,
+    Strict,
+    Tool,
+    invalid,
+    parse_request,
+)
 from strata_core.text.detokenize import decode
 
 router = APIRouter()

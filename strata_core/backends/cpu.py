@@ -6,9 +6,17 @@ import platform
 import sys
 from collections.abc import Set
 
-from strata_core.backend import Backend, BuildSpec, Device, Probe, ProbeStatus, cpu_flags, which
-from strata_core.config import EngineConfig
-from strata_core.hookspecs import hookimpl
+from strata_core.ops.backend_spec import (
+    Backend,
+    BuildSpec,
+    Device,
+    Probe,
+    ProbeStatus,
+    cpu_flags,
+    which,
+)
+from strata_core.ops.config import EngineConfig
+from strata_core.ops.hookspecs import hookimpl
 
 X86_FEATURES = {"avx": "GGML_AVX", "avx2": "GGML_AVX2", "fma": "GGML_FMA", "f16c": "GGML_F16C"}
 

@@ -19,12 +19,12 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from strata_core import protocol as proto
+from strata_core.contract import protocol as proto
 
 CAPABILITIES = [
     "logprobs", "logprobs_mode", "allowed", "bias", "penalties", "seed", "prefix_cache", "grammar", "think_budget",
 ]  # fmt: skip
-"""What READY lists: the GEN options (strata_core/options.py) this engine acts on, besides
+"""What READY lists: the GEN options (strata_core/contract/options.py) this engine acts on, besides
 ``max_tokens``, ``stop_ids``, ``spec`` and ``isolate``; ``spec_draft`` is added when a draft
 model was loaded, ``embeddings`` (EMBED) unless the model is a ranker, and then ``rerank``
 (EMBED answers its classification head's output)."""
@@ -77,9 +77,9 @@ def step_trace(path: str | None) -> Callable[[dict[str, Any]], None] | None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The engine's options; their defaults are the configuration's (config.py), so a
+    """The engine's options; their defaults are the configuration's (ops/config.py), so a
     default is written once."""
-    from strata_core.config import CACHE_TYPES, SPLIT_MODES, EngineConfig, SpeculativeConfig
+    from strata_core.ops.config import CACHE_TYPES, SPLIT_MODES, EngineConfig, SpeculativeConfig
 
     eng, spec = EngineConfig(), SpeculativeConfig()
     ap = argparse.ArgumentParser(prog="python -m strata_core.engine")
@@ -111,7 +111,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _slots(text: str) -> int | str:
-    from strata_core.config import check_parallel
+    from strata_core.ops.config import check_parallel
 
     try:
         return check_parallel(text)  # type: ignore[no-any-return]
@@ -146,8 +146,8 @@ def load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     # order made model loading segfault with CUDA 13 and numpy 2.5
     # (bench/results/2026-12-03-cuda-h200-conformance-green.md).
     from strata_core.engine.llama import Llama, ModelOptions, ll  # isort: skip
-    from strata_core.config import check_cache_types, check_split, split_settings
     from strata_core.engine.speculation.drafter import DraftModel, check_shared_vocab
+    from strata_core.ops.config import check_cache_types, check_split, split_settings
 
     if args.parallel == "auto":
         fit_parallel(args, ll)
@@ -181,8 +181,8 @@ def load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 def fit_parallel(args: argparse.Namespace, ll: Any) -> None:
     """``--parallel auto``: the slots (and context per slot) the GPU's free memory holds
     (engine/fit.py), or CPU_PARALLEL without a GPU; said on stderr and in READY."""
-    from strata_core.config import CPU_PARALLEL
     from strata_core.engine.fit import auto_slots, device_free_memory
+    from strata_core.ops.config import CPU_PARALLEL
 
     ll.llama_backend_init()
     gpu = args.n_gpu_layers != 0 and bool(ll.llama_supports_gpu_offload())

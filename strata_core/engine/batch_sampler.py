@@ -19,9 +19,9 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from strata_core.contract.options import SamplingParams
 from strata_core.engine import philox
 from strata_core.engine.sampler import F32, draw, truncate
-from strata_core.options import SamplingParams
 
 
 class Row(NamedTuple):

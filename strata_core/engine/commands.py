@@ -9,14 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from strata_core import protocol as proto
+from strata_core.contract import protocol as proto
+from strata_core.contract.options import GenOptions
 from strata_core.engine.budget import ThinkBudget
 from strata_core.engine.emitter import Emit
 from strata_core.engine.grammar import Grammars
 from strata_core.engine.llama import Llama
 from strata_core.engine.loop import Engine
 from strata_core.engine.request import Request
-from strata_core.options import GenOptions
 
 
 class Commands:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from strata_core import protocol as proto
+from strata_core.contract import protocol as proto
 from strata_core.engine.llama import Llama
 from strata_core.engine.request import FIRST_ROWS, Request, Slot
 from strata_core.engine.sampler import processed_logprobs, top_logprobs

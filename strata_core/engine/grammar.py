@@ -17,7 +17,7 @@ import llguidance
 import numpy as np
 import numpy.typing as npt
 
-from strata_core import protocol as proto
+from strata_core.contract import protocol as proto
 from strata_core.text.grammars import llguidance_grammar, short_error
 
 

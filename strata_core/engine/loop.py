@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from strata_core import protocol as proto
+from strata_core.contract import protocol as proto
 from strata_core.engine.batch_sampler import PLAIN, Row, Sampled, sample_rows
 from strata_core.engine.emitter import Emit, Emitter
 from strata_core.engine.llama import Llama

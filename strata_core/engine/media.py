@@ -23,8 +23,8 @@ from typing import Any
 
 import llama_cpp.mtmd_cpp as mtmd
 
+from strata_core.contract.protocol import MediaSpan
 from strata_core.engine.llama import Llama
-from strata_core.protocol import MediaSpan
 
 #: Decoded media items kept for a GEN to name (each is its pixels or samples, preprocessed).
 KEEP_ITEMS = 64

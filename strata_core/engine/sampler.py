@@ -24,8 +24,8 @@ from typing import Literal, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from strata_core.contract.options import SamplingParams
 from strata_core.engine import philox
-from strata_core.options import SamplingParams
 
 F32 = np.float32
 _FIRST_BLOCK = 256  # candidates sorted before a lazy walk widens its prefix

@@ -15,7 +15,7 @@ import time
 import traceback
 from collections import deque
 
-from strata_core import protocol as proto
+from strata_core.contract import protocol as proto
 from strata_core.engine.emitter import Emitter
 from strata_core.engine.llama import Llama
 from strata_core.engine.media_runs import decode_media_ahead, media_boundary, text_ahead

@@ -20,8 +20,8 @@ from typing import Any, Protocol
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from strata_core.errors import ApiError
 from strata_core.scale.prefix import routing_key
+from strata_core.schema.errors import ApiError
 
 log = logging.getLogger("strata.front")
 

@@ -14,8 +14,8 @@ from ray import serve
 from strata_core.api.app import create_app
 from strata_core.api.launch import log_for, model_specs
 from strata_core.api.pool import ModelPool
-from strata_core.cli import console_logging
-from strata_core.config import Config
+from strata_core.ops.config import Config
+from strata_core.ops.logs import console_logging
 from strata_core.scale.asgi import HttpRequest, Lifespan, call
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from strata_core.api.launch import model_specs
-from strata_core.config import Config
+from strata_core.ops.config import Config
 
 log = logging.getLogger("strata.scale")
 

@@ -20,11 +20,11 @@ from typing import Any, TypeVar
 
 import httpx
 
-from strata_core import protocol as proto
-from strata_core.backend import Backend
-from strata_core.build import EngineBuild, list_engines
-from strata_core.config import EngineConfig, SpeculativeConfig, load_config
-from strata_core.reader import engine_command
+from strata_core.client.reader import engine_command
+from strata_core.contract import protocol as proto
+from strata_core.ops.backend_spec import Backend
+from strata_core.ops.build import EngineBuild, list_engines
+from strata_core.ops.config import EngineConfig, SpeculativeConfig, load_config
 
 E = TypeVar("E", bound=proto.Event)
 
@@ -181,7 +181,7 @@ class Server:
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = log
         self.engine_log = log.with_name(f"{log.stem}.engine.log") if engine_log else None
-        cmd = [sys.executable, "-m", "strata_core.cli", "serve", "--port", str(self.port), *args]
+        cmd = [sys.executable, "-m", "strata_core.ops.cli", "serve", "--port", str(self.port), *args]
         if self.engine_log is not None:
             cmd += ["--engine-log", str(self.engine_log)]
         with open(log, "w") as out:

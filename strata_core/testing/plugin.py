@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from strata_core.backend import Backend
-from strata_core.build import EngineBuild, ensure_engine
-from strata_core.models import resolve_model
-from strata_core.plugins import load_registry
+from strata_core.ops.backend_spec import Backend
+from strata_core.ops.build import EngineBuild, ensure_engine
+from strata_core.ops.models import resolve_model
+from strata_core.ops.plugins import load_registry
 from strata_core.testing.harness import EngineProcess, Server
 
 #: Lines for the terminal summary: what parity measured.

@@ -15,7 +15,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from strata_core import protocol as proto
+from strata_core.contract import protocol as proto
 from strata_core.testing.harness import EngineProcess
 
 PROMPTS = (
@@ -66,8 +66,8 @@ def file_digest(path: Path) -> str:
 
 def main() -> None:
     from strata_core.backends.cpu import CpuBackend
-    from strata_core.build import ensure_engine
-    from strata_core.models import resolve_model
+    from strata_core.ops.build import ensure_engine
+    from strata_core.ops.models import resolve_model
 
     ap = argparse.ArgumentParser(prog="python -m strata_core.testing.reference")
     ap.add_argument("--model", default="default")

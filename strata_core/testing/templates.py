@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from strata_core.build import source_dir
+from strata_core.ops.build import source_dir
 from strata_core.text.tool_setup import PROBE_TOOL
 
 #: the probe call's tool: the corpus renders the call the format was found by

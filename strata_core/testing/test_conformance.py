@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
-from strata_core import protocol as proto
-from strata_core.backend import API_VERSION, Backend, BuildSpec
-from strata_core.config import EngineConfig
-from strata_core.plugins import load_registry
+from strata_core.contract import protocol as proto
+from strata_core.ops.backend_spec import API_VERSION, Backend, BuildSpec
+from strata_core.ops.config import EngineConfig
+from strata_core.ops.plugins import load_registry
 from strata_core.testing.harness import EngineProcess, Server
 from strata_core.testing.plugin import REPORT
 

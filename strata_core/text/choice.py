@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from strata_core.reader import TokenEvent, Usage
+from strata_core.contract.events import TokenEvent, Usage
 from strata_core.text.detokenize import Detokenizer, StopMatcher
 from strata_core.text.generic_tools import tool_parser
 from strata_core.text.logprobs import Aligner, Entry, Span

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
-from strata_core import protocol as proto
-from strata_core.errors import ApiError
-from strata_core.requests import BaseRequest, JsonSchemaFormat, ResponseFormat
+from strata_core.contract import protocol as proto
+from strata_core.schema.errors import ApiError
+from strata_core.schema.requests import BaseRequest, JsonSchemaFormat, ResponseFormat
 from strata_core.text.grammars import grammar_error, llguidance_grammar
 from strata_core.text.structured import Constraint, constraint_for
 

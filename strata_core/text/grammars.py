@@ -11,7 +11,7 @@ from typing import Any
 import llguidance
 from llguidance._tokenizer import TokenizerWrapper
 
-from strata_core import protocol as proto
+from strata_core.contract import protocol as proto
 
 #: How constrained JSON is written: no free whitespace (a small model otherwise pads with
 #: newlines until max_tokens), json.dumps' separators. structured.canonical_json writes

@@ -1,4 +1,5 @@
-"""Token stream to OpenAI logprob entries, aligned exactly with the reply's text.
+"""Token stream to logprob entries, aligned exactly with the reply's text (their OpenAI
+JSON shapes are written in ``api/bodies.py``).
 
 Rules (the server relies on them; tests/test_logprobs.py checks each):
 
@@ -23,8 +24,9 @@ Rules (the server relies on them; tests/test_logprobs.py checks each):
   character reads as U+FFFD; its ``bytes`` are the exact truth. The chosen token in its
   own ``top`` therefore may read differently from the entry's ``token``: match by
   ``bytes``. A span cut changes the entry's ``token``/``bytes``, never its ``top``.
-* Logprobs that JSON cannot carry (``-inf`` after ``allowed`` renormalisation) and a
-  token without an ``LP`` line are written as -9999.0, OpenAI's "very unlikely" value.
+* A token without an ``LP`` line has the logprob ``UNLIKELY`` (-9999.0, OpenAI's "very
+  unlikely" value), which the bodies also write for logprobs JSON cannot carry (``-inf``
+  after ``allowed`` renormalisation).
 * Streaming (``Span``): an entry is handed out once, with the chunk whose text completes
   its token; a token cut by where the text released so far ends waits for the next
   chunk. Over the whole stream the entries spell the text; one chunk's entries need not
@@ -34,19 +36,14 @@ Rules (the server relies on them; tests/test_logprobs.py checks each):
 from __future__ import annotations
 
 import codecs
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from strata_core.options import MAX_ALTERNATIVES
-from strata_core.protocol import Logprob
+from strata_core.contract.options import MAX_ALTERNATIVES
+from strata_core.contract.protocol import Logprob
 
 UNLIKELY = -9999.0  # OpenAI's logprob for "very unlikely"; JSON has no -inf
-
-
-def _json_lp(x: float) -> float:
-    return x if math.isfinite(x) else UNLIKELY
 
 
 class Alt(NamedTuple):
@@ -66,17 +63,6 @@ class Entry:
     logprob: float
     bytes: tuple[int, ...]
     top: tuple[Alt, ...]
-
-    def chat(self) -> dict[str, Any]:
-        return {
-            "token": self.token,
-            "logprob": _json_lp(self.logprob),
-            "bytes": list(self.bytes),
-            "top_logprobs": [
-                {"token": a.token, "logprob": _json_lp(a.logprob), "bytes": list(a.bytes)}
-                for a in self.top
-            ],
-        }
 
 
 @dataclass(slots=True)
@@ -312,32 +298,3 @@ def slice_entries(entries: Sequence[Entry], start: int, end: int) -> list[Entry]
             out.append(Entry(e.id, token, e.logprob, raw, e.top))
         c, b = c1, b1
     return out
-
-
-def legacy(entries: Sequence[Entry], text_offset0: int = 0) -> dict[str, list[Any]]:
-    """``/v1/completions`` logprobs: four arrays of equal length.
-
-    ``top_logprobs`` maps each alternative's token text to its logprob, at most the
-    aligner's ``alternatives``; when two alternatives read the same (two pieces of one
-    character both read U+FFFD) the more likely one keeps the key. ``text_offset`` is
-    each token's character offset in the text, from ``text_offset0`` (the prompt's length
-    with ``echo``); it does not decrease, and a token that completes no character has
-    the offset of the next one.
-    """
-    offsets = []
-    at = text_offset0
-    for e in entries:
-        offsets.append(at)
-        at += len(e.token)
-    tops: list[dict[str, float]] = []
-    for e in entries:
-        top: dict[str, float] = {}
-        for a in e.top:
-            top.setdefault(a.token, _json_lp(a.logprob))
-        tops.append(top)
-    return {
-        "tokens": [e.token for e in entries],
-        "token_logprobs": [_json_lp(e.logprob) for e in entries],
-        "top_logprobs": tops,
-        "text_offset": offsets,
-    }

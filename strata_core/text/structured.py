@@ -40,9 +40,9 @@ from typing import Any
 import jsonschema
 from jsonschema.exceptions import SchemaError
 
-from strata_core import protocol as proto
-from strata_core.errors import ApiError
-from strata_core.requests import ResponseFormat
+from strata_core.contract import protocol as proto
+from strata_core.schema.errors import ApiError
+from strata_core.schema.requests import ResponseFormat
 from strata_core.text.grammars import grammar_error, json_schema_grammar
 from strata_core.text.logprobs import Entry, slice_entries
 

@@ -8,7 +8,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from strata_core.backend import (
+from strata_core.backends.cpu import cpu_cmake_args
+from strata_core.ops.backend_spec import (
     Backend,
     BuildSpec,
     Device,
@@ -20,10 +21,9 @@ from strata_core.backend import (
     run_tool,
     which,
 )
-from strata_core.backends.cpu import cpu_cmake_args
-from strata_core.build import BuildError
-from strata_core.config import EngineConfig
-from strata_core.hookspecs import hookimpl
+from strata_core.ops.build import BuildError
+from strata_core.ops.config import EngineConfig
+from strata_core.ops.hookspecs import hookimpl
 
 MIN_TOOLKIT = (12, 0)
 #: Used when no GPU is visible at build time (a build box, a container build). Every

@@ -7,7 +7,8 @@ import platform
 import re
 from collections.abc import Mapping
 
-from strata_core.backend import (
+from strata_core.backends.cpu import cpu_cmake_args
+from strata_core.ops.backend_spec import (
     Backend,
     BuildSpec,
     Device,
@@ -18,10 +19,9 @@ from strata_core.backend import (
     run_tool,
     which,
 )
-from strata_core.backends.cpu import cpu_cmake_args
-from strata_core.build import BuildError
-from strata_core.config import EngineConfig
-from strata_core.hookspecs import hookimpl
+from strata_core.ops.build import BuildError
+from strata_core.ops.config import EngineConfig
+from strata_core.ops.hookspecs import hookimpl
 
 MIN_ROCM = (6, 1)
 GFX = re.compile(r"gfx[0-9a-f]+")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import platform
 from collections.abc import Mapping
 
-from strata_core.backend import (
+from strata_core.backends.cpu import cpu_cmake_args
+from strata_core.ops.backend_spec import (
     Backend,
     BuildSpec,
     Device,
@@ -16,10 +17,9 @@ from strata_core.backend import (
     run_tool,
     which,
 )
-from strata_core.backends.cpu import cpu_cmake_args
-from strata_core.build import BuildError
-from strata_core.config import EngineConfig
-from strata_core.hookspecs import hookimpl
+from strata_core.ops.build import BuildError
+from strata_core.ops.config import EngineConfig
+from strata_core.ops.hookspecs import hookimpl
 
 
 class MetalBackend(Backend):

@@ -20,11 +20,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+from strata_core.contract.options import SamplingParams
 from strata_core.engine.llama import Batch, Llama
 from strata_core.engine.prompt_cache import common_prefix
 from strata_core.engine.sampler import adjust
 from strata_core.engine.speculation.verify import NULL, Proposal, sampled_proposal
-from strata_core.options import SamplingParams
 
 
 class DraftJob(NamedTuple):

@@ -33,9 +33,9 @@ from typing import Any, Final, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from strata_core.contract.options import SamplingParams
 from strata_core.engine import philox
 from strata_core.engine.sampler import probabilities
-from strata_core.options import SamplingParams
 
 NULL: Final = -1  # a proposal the gate refused: no token offered at that row
 

@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from strata_core import protocol as proto
-from strata_core.config import EngineConfig, SpeculativeConfig
-from strata_core.options import GenOptions
+from strata_core.contract import protocol as proto
+from strata_core.contract.events import Finished, TokenEvent
+from strata_core.contract.options import GenOptions
+from strata_core.ops.config import EngineConfig, SpeculativeConfig
 
 log = logging.getLogger("strata.engine")
 
@@ -47,45 +48,6 @@ class EngineUnavailable(RuntimeError):
 class EngineRefused(EngineUnavailable):
     """The engine answered a question with ERR: it cannot do what was asked (say, decode a
     media item); the message says why."""
-
-
-@dataclass(frozen=True, slots=True)
-class TokenEvent:
-    id: int
-    logprob: proto.Logprob | None = None
-
-
-@dataclass
-class Usage:
-    """Token counts of a request (or of a reply's choices together)."""
-
-    prompt: int = 0
-    completion: int = 0
-    cached: int = 0
-    drafted: int = 0  # speculative tokens proposed / accepted (an extension)
-    accepted: int = 0
-    reasoning: int = 0  # completion tokens emitted while the reply reasoned (counted by the server)
-
-    def add_choice(self, other: Usage, first_of_prompt: bool) -> None:
-        """Fold one choice's usage in; its prompt's cache counts once per prompt."""
-        self.completion += other.completion
-        self.reasoning += other.reasoning
-        self.drafted += other.drafted
-        self.accepted += other.accepted
-        if first_of_prompt:
-            self.cached += other.cached
-
-    @classmethod
-    def from_stats(cls, stats: Mapping[str, str]) -> Usage:
-        """A request's counts from its DONE stats."""
-        return cls(*(int(stats.get(k, 0)) for k in ("prompt", "gen", "cached", "drafted", "accepted")))
-
-
-@dataclass
-class Finished:
-    reason: str
-    stats: Mapping[str, str]
-    error: str | None = None
 
 
 @dataclass(eq=False)

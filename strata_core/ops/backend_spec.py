@@ -17,7 +17,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
-    from strata_core.config import EngineConfig
+    from strata_core.ops.config import EngineConfig
 
 #: Bumped when the Backend interface changes incompatibly.
 API_VERSION = 1

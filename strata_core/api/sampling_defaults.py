@@ -15,9 +15,9 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from .config import SamplingConfig
-from .options import GenOptions, SamplingParams
-from .requests import BaseRequest
+from strata_core.contract.options import GenOptions, SamplingParams
+from strata_core.ops.config import SamplingConfig
+from strata_core.schema.requests import BaseRequest
 
 #: The engine's window for penalties when neither the request nor the config gives one.
 DEFAULT_PENALTY_LAST_N = 64

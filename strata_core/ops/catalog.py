@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from strata_core import hub
+from strata_core.ops import hub
 
 #: Prefixes Ollama clients put before a hub repository's name.
 HOST_PREFIXES = ("hf.co/", "huggingface.co/")

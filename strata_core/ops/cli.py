@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 from strata_core import __version__
-from strata_core.build import (
+from strata_core.ops.build import (
     BuildError,
     find_engine,
     list_engines,
     strata_home,
 )
-from strata_core.config import Config, ConfigError, load_config
-from strata_core.models import ModelError, mmproj_path, projector_inputs, resolve_model
-from strata_core.plugins import BackendError, Registry, load_registry, select_backend
+from strata_core.ops.config import Config, ConfigError, load_config
+from strata_core.ops.logs import console_logging
+from strata_core.ops.models import ModelError, mmproj_path, projector_inputs, resolve_model
+from strata_core.ops.plugins import BackendError, Registry, load_registry, select_backend
 
 
 def _fail(msg: str) -> int:
@@ -156,7 +156,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from strata_core import hub
+    from strata_core.ops import hub
 
     ref = hub.parse_ref(args.reference)
     pulled = hub.pull(ref)
@@ -166,7 +166,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from strata_core import catalog
+    from strata_core.ops import catalog
 
     if args.sub == "rm":
         entry = catalog.find(args.name)
@@ -212,17 +212,6 @@ def engine_log_path(args: argparse.Namespace, port: int) -> Path | None:
     return path.absolute()
 
 
-def console_logging(level: str) -> None:
-    """Strata's own records (the engine's errors and warnings, its exits) on the console,
-    shaped like uvicorn's."""
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(levelname)s:  %(message)s"))
-    logger = logging.getLogger("strata")
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG if level == "trace" else level.upper())
-    logger.propagate = False
-
-
 def exposure_warning(cfg: Config) -> str | None:
     """A warning when the server would listen beyond this machine with no API key."""
     host = cfg.server.host
@@ -241,7 +230,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from strata_core.api.app import create_app
     from strata_core.api.launch import CatalogSource, log_for, model_specs
     from strata_core.api.pool import ModelPool
-    from strata_core.sampling import check_defaults
+    from strata_core.api.sampling_defaults import check_defaults
 
     cfg = _config(args)
     if warning := exposure_warning(cfg):

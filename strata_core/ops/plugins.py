@@ -17,8 +17,8 @@ from typing import cast
 
 import pluggy
 
-from strata_core import hookspecs
-from strata_core.backend import API_VERSION, Backend, ProbeStatus
+from strata_core.ops import hookspecs
+from strata_core.ops.backend_spec import API_VERSION, Backend, ProbeStatus
 
 ENTRY_POINT_GROUP = "strata.backends"
 

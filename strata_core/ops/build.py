@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from strata_core.backend import Backend, BuildSpec, SourceEdit
+from strata_core.ops.backend_spec import Backend, BuildSpec, SourceEdit
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SDIST = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"

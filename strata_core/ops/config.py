@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from strata_core.requests import MinP, Penalty, RepetitionPenalty, Temperature, TopP
+from strata_core.schema.requests import MinP, Penalty, RepetitionPenalty, Temperature, TopP
 
 if sys.version_info >= (3, 11):
     import tomllib

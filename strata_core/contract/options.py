@@ -2,9 +2,9 @@
 (docs/architecture.md, "Engine protocol").
 
 The server builds one ``GenOptions`` from the validated request and the operator's
-defaults (sampling.py); ``encode`` writes it as GEN ``key=value`` pairs, leaving out every
-value equal to its default, so a plain greedy request costs the engine nothing to read;
-the engine ``decode``s the pairs back into the same type. A value is checked where it is
+defaults (api/sampling_defaults.py); ``encode`` writes it as GEN ``key=value`` pairs,
+leaving out every value equal to its default, so a plain greedy request costs the engine
+nothing to read; the engine ``decode``s the pairs back into the same type. A value is checked where it is
 built (``__post_init__``: ranges that hold on any model) and against the model by
 ``check`` (token ids against the vocabulary) — on both sides: the server answers a 400
 naming the request's parameter, and the engine refuses what any other client sends.

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from strata_core.models import ModelError
+from strata_core.ops.models import ModelError
 
 log = logging.getLogger("strata.hub")
 
