@@ -115,15 +115,17 @@ class EngineProcess:
             self.proc.kill()
 
 
-def wait_healthy(proc: subprocess.Popen[Any], base: str, log: Path, timeout: float = 300) -> None:
-    """Until ``base``/health answers 200 (a Strata server or llama-server); fails with the
-    end of ``log`` if ``proc`` exits or ``timeout`` seconds pass."""
+def wait_healthy(
+    proc: subprocess.Popen[Any], base: str, log: Path, timeout: float = 300, path: str = "/health"
+) -> None:
+    """Until ``base`` + ``path`` answers 200 (a Strata server or llama-server: /health);
+    fails with the end of ``log`` if ``proc`` exits or ``timeout`` seconds pass."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited: {log.read_text()[-3000:]}")
         try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+            if httpx.get(f"{base}{path}", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -132,7 +134,7 @@ def wait_healthy(proc: subprocess.Popen[Any], base: str, log: Path, timeout: flo
 
 
 def llama_server_binary(engine: EngineBuild) -> Path | None:
-    """llama-server built in the engine's own CMake tree (bench/peers.py builds it there),
+    """llama-server built in the engine's own CMake tree (``python -m bench.peers`` builds it there),
     else in the tree of another build of the same sources whose flags differ only in
     LLAVA_BUILD (whether the engine carries mtmd: llama-server builds its own)."""
 
