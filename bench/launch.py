@@ -10,8 +10,10 @@ as a context manager that waits until the server answers and stops it on exit.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -127,7 +129,10 @@ def launch(
 ) -> Iterator[Running]:  # fmt: skip
     """A server of ``kind`` (one of ``KINDS``) started with ``flags``, plus ``extra``
     arguments and ``env``; ``binary``: this llama-server instead of bench.peers'. A
-    Strata server is the tests' ``Server`` (with ``dump_stacks`` and ``engine_log_tail``)."""
+    Strata server is the tests' ``Server`` (with ``dump_stacks`` and ``engine_log_tail``).
+    SIGTERM (e.g. from ``timeout``) then stops the server as Ctrl-C does."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if kind == "strata":
         args, own = strata_args(flags)
         srv = Server([*args, *extra], log, env={**own, **(env or {})})
