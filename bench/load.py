@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import numpy as np
 
 PROMPTS = [
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -152,9 +151,14 @@ class Load:
 
     def pct(self, what: str, q: float) -> float:
         """The ``q`` quantile of ``samples(what)`` (interpolated: 0.5 is the median), in
-        milliseconds; NaN where there are none."""
-        xs = self.samples(what)
-        return float(np.quantile(xs, q)) * 1e3 if xs else math.nan
+        milliseconds; NaN where there are none. No numpy here: the in-process diagnostics load
+        libllama before it."""
+        xs = sorted(self.samples(what))
+        if not xs:
+            return math.nan
+        pos = q * (len(xs) - 1)
+        lo, hi = math.floor(pos), math.ceil(pos)
+        return (xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)) * 1e3
 
     def speculative(self) -> tuple[int, int]:
         """(drafted, accepted) tokens, from usage.speculative where a server reports it."""
