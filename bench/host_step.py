@@ -1,6 +1,6 @@
 """The host's share of a plain decode step, with the device's work taken out.
 
-    python bench/host_step.py [--slots 64] [--steps 300]
+    python -m bench.host_step [--slots 64] [--steps 300]
 
 The engine loop runs ``--slots`` greedy requests over a stand-in for libllama whose
 decode computes nothing and whose logits are a fixed random matrix of the default model's
