@@ -76,7 +76,7 @@ def main() -> None:
         from strata_core.engine.request import Request
     except ImportError:  # before the split: the scheduler ran the step
         from strata_core.engine.scheduler import Request  # type: ignore[attr-defined,no-redef]
-        from strata_core.engine.scheduler import Scheduler as Loop  # type: ignore[no-redef]
+        from strata_core.engine.scheduler import Scheduler as Loop  # type: ignore[no-redef,assignment]
     steps: list[dict[str, Any]] = []
     loop = Loop(NoDevice(a.slots), lambda event: None, trace=steps.append)  # type: ignore[arg-type]
     for i in range(a.slots):

@@ -24,7 +24,7 @@ from strata_core.build import ensure_engine
 from strata_core.config import load_config
 from strata_core.models import resolve_model
 from strata_core.plugins import load_registry, select_backend
-from strata_core.testing.harness import Server, free_port, wait_healthy
+from strata_core.testing.harness import Server, loopback_process
 
 KINDS = ("strata", "llama-server", "llama-cpp-python")
 
@@ -73,22 +73,10 @@ def process(
     argv: Sequence[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None,
     health: str = "/health", timeout: float = 300,
 ) -> Iterator[Peer]:  # fmt: skip
-    """``argv`` plus ``--host 127.0.0.1 --port N`` (a free port), its console in ``log``,
-    once ``health`` answers 200; terminated on exit."""
-    port = free_port()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([*argv, "--host", "127.0.0.1", "--port", str(port)], stdout=out,
-                                stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=cwd)  # fmt: skip
-    try:
-        peer = Peer(f"http://127.0.0.1:{port}", proc, log)
-        wait_healthy(proc, peer.base, log, timeout, health)
-        yield peer
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    """``argv`` on a free loopback port (``--host`` and ``--port`` added), its console in
+    ``log``, once ``health`` answers 200; terminated on exit."""
+    with loopback_process(list(argv), log, env, cwd, health, timeout) as (base, proc):
+        yield Peer(base, proc, log)
 
 
 def strata_args(flags: Flags) -> tuple[list[str], dict[str, str]]:

@@ -19,7 +19,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import AbstractContextManager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 

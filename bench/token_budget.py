@@ -142,7 +142,9 @@ def engine_layer(a: argparse.Namespace, flags: Flags, rows: dict[str, float]) ->
     eng.stdout.readline()  # READY
     eng.stdin.write(proto.encode_command(proto.Tokenize("t", TEXT, True)) + "\n")
     eng.stdin.flush()
-    ids = proto.parse_event(eng.stdout.readline()).ids  # type: ignore[attr-defined]
+    tokens = proto.parse_event(eng.stdout.readline())
+    assert isinstance(tokens, proto.Tokens), tokens
+    ids = tokens.ids
     gaps: list[float] = []
     cpu: list[float] = []
     for r in range(a.rounds):

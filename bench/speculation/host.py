@@ -140,7 +140,7 @@ def whatif(a: argparse.Namespace) -> None:
         finally:
             prefilling[0] = False
 
-    engine._prefill = prefill  # type: ignore[method-assign]
+    engine._prefill = prefill  # type: ignore[method-assign,assignment]
     print(f"{a.slots} slots, k={a.k}, {a.waves} waves per mode; GPU costs: {a.base_ms} ms + {a.row_ms} ms a row, "
           f"switch {a.plain_switch_ms} / {a.window_switch_ms} ms")  # fmt: skip
 

@@ -152,23 +152,34 @@ def llama_server_binary(engine: EngineBuild) -> Path | None:
 
 
 @contextmanager
-def llama_server(binary: Path, args: list[str], log_path: Path) -> Iterator[str]:
-    """llama-server with ``args`` on a free loopback port, its console in ``log_path``; its
-    base URL once healthy."""
+def loopback_process(
+    argv: list[str], log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None,
+    health: str = "/health", timeout: float = 300,
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:  # fmt: skip
+    """``argv`` and ``--host 127.0.0.1 --port N`` (a free port), its console in ``log_path``,
+    with ``env`` over this environment; its base URL and process once ``health`` answers."""
     port = free_port()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([str(binary), "--host", "127.0.0.1", "--port", str(port), *args],
-                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen([*argv, "--host", "127.0.0.1", "--port", str(port)], stdout=log,
+                                stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=cwd)  # fmt: skip
         base = f"http://127.0.0.1:{port}"
         try:
-            wait_healthy(proc, base, log_path)
-            yield base
+            wait_healthy(proc, base, log_path, timeout, health)
+            yield base, proc
         finally:
             proc.terminate()
             try:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+@contextmanager
+def llama_server(binary: Path, args: list[str], log_path: Path) -> Iterator[str]:
+    """llama-server with ``args`` on a free loopback port, its console in ``log_path``; its
+    base URL once healthy."""
+    with loopback_process([str(binary), *args], log_path) as (base, _):
+        yield base
 
 
 class Server:
