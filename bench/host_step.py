@@ -59,6 +59,9 @@ class NoDevice:
     def seq_trim(self, seq: int, keep: int) -> None:
         pass
 
+    def use_lora(self, scales: tuple[float, ...] | None) -> None:
+        pass
+
     def is_eog(self, token: int) -> bool:
         return False
 
