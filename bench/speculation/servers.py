@@ -11,8 +11,8 @@ by default at concurrency 1 and 4. One server per mode runs throughout; the mode
 turns within every round, so drift in the machine's load falls on all of them; with
 --waves they take turns every wave of c requests (ABBA: off, on, on, off, ...), so drift
 slower than a wave cancels (each wave then starts and ends with its own ramp). Prints,
-pooled over the rounds: tokens/s, TTFT p50 and ITL p50 (streamed chunks) for each mode,
-each mode's ratios to off, and the acceptance (accepted / drafted tokens, from the
+pooled over the rounds: tokens/s, TTFT and ITL p50 and p99 (streamed chunks) for each
+mode, each mode's ratios to off (p50s), and the acceptance (accepted / drafted tokens, from the
 responses' usage). Several --k values run one server per mode and k (``ngram/k4``).
 Mode ``draft`` uses --draft-model, or else a copy of the model keeping its first
 --draft-layers blocks (self-speculation sharing the vocabulary). With --floor, exits 1
@@ -28,7 +28,8 @@ counted: a batch shape's first steps pay for its set-up on a GPU (kernel choice,
 capture), and n-gram windows bring more shapes than plain steps. With --pin, the client
 (this process) keeps one core and its hyperthread siblings and each server (with its
 engine) its own share of the other cores, dealt out in turn, so no two processes compete
-for a core and none shares one with the client.
+for a core and none shares one with the client. A failed request stops the run with
+its server's and engine's logs (after having them print their threads' stacks).
 """
 
 from __future__ import annotations
