@@ -44,7 +44,7 @@ def serve(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     install(session)
-    session.run("python", "bench/serving.py", *session.posargs)
+    session.run("python", "-m", "bench.serving", *session.posargs)
 
 
 @nox.session
@@ -52,7 +52,7 @@ def soak(session: nox.Session) -> None:
     """A real server under a mixed load for 30 minutes, its engine killed every 5
     (docs/reliability.md); pass other options after --, e.g. nox -s soak -- --minutes 5."""
     install(session)
-    session.run("python", "bench/soak.py", *session.posargs)
+    session.run("python", "-m", "bench.soak", *session.posargs)
 
 
 @nox.session

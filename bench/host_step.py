@@ -1,6 +1,6 @@
 """The host's share of a plain decode step, with the device's work taken out.
 
-    python bench/host_step.py [--slots 64] [--steps 300]
+    python -m bench.host_step [--slots 64] [--steps 300]
 
 The engine loop runs ``--slots`` greedy requests over a stand-in for libllama whose
 decode computes nothing and whose logits are a fixed random matrix of the default model's
@@ -59,6 +59,9 @@ class NoDevice:
     def seq_trim(self, seq: int, keep: int) -> None:
         pass
 
+    def use_lora(self, scales: tuple[float, ...] | None) -> None:
+        pass
+
     def is_eog(self, token: int) -> bool:
         return False
 
@@ -76,7 +79,7 @@ def main() -> None:
         from strata_core.engine.request import Request
     except ImportError:  # before the split: the scheduler ran the step
         from strata_core.engine.scheduler import Request  # type: ignore[attr-defined,no-redef]
-        from strata_core.engine.scheduler import Scheduler as Loop  # type: ignore[no-redef]
+        from strata_core.engine.scheduler import Scheduler as Loop  # type: ignore[no-redef,assignment]
     steps: list[dict[str, Any]] = []
     loop = Loop(NoDevice(a.slots), lambda event: None, trace=steps.append)  # type: ignore[arg-type]
     for i in range(a.slots):

@@ -6,7 +6,7 @@ tree is kept (``build_dir`` in its build.json), the server is built in that same
 so sources and flags are identical by construction and nothing compiles twice;
 otherwise it is configured on its own with the backend's build spec.
 
-    python bench/peers.py [--backend cpu]     # prints the llama-server path
+    python -m bench.peers [--backend cpu]     # prints the llama-server path
 """
 
 from __future__ import annotations

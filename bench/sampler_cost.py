@@ -1,6 +1,6 @@
 """What the host-side sampler costs per token, on synthetic float32 logits.
 
-    python bench/sampler_cost.py [--vocab 49152 248320] [--seconds 1.0]
+    python -m bench.sampler_cost [--vocab 49152 248320] [--seconds 1.0]
 
 Rows are LLM-shaped (a noisy tail plus a head of 40 tokens holding most of the mass), a
 fresh row every call from a pool, with a 512-token history; position advances every call.

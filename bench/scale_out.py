@@ -7,29 +7,26 @@ cluster.
 - ``throughput``: the same independent chats on 1 replica with every core and on 2
   replicas with half each (and plain ``strata serve`` without Ray): output tokens/s.
 
-    python bench/scale_out.py routing --conversations 8 --turns 4
-    python bench/scale_out.py throughput --requests 32 --concurrency 8
+    python -m bench.scale_out routing --conversations 8 --turns 4
+    python -m bench.scale_out throughput --requests 32 --concurrency 8
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
-import sys
 import tempfile
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.serving import run_load  # noqa: E402
-from strata_core.testing.harness import Server  # noqa: E402
+from bench.launch import Flags, Running, launch
+from bench.load import chat, run_load, stream
 
 WORDS = ("river stone lantern orbit meadow copper signal harbor velvet thunder quiet ember "
          "falcon prism canyon willow").split()  # fmt: skip
@@ -55,32 +52,19 @@ class Turns:
 
 async def turn(client: httpx.AsyncClient, base: str, messages: list[dict[str, str]], max_tokens: int,
                out: Turns, later: bool) -> tuple[str, str]:  # fmt: skip
-    body = {"model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
-    t0 = time.perf_counter()
-    first, text, usage = None, "", None
-    async with client.stream("POST", f"{base}/v1/chat/completions", json=body) as r:
-        r.raise_for_status()
-        replica = r.headers.get("x-strata-replica", "")
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            ev = json.loads(line[6:])
-            if ev.get("usage"):
-                usage = ev["usage"]
-            if ev.get("choices") and ev["choices"][0]["delta"].get("content"):
-                first = first or time.perf_counter() - t0
-                text += ev["choices"][0]["delta"]["content"]
-    assert usage is not None and first is not None
+    reply = await stream(client, base, chat(messages, max_tokens))
+    if reply.error is not None or reply.usage is None or reply.ttft is None:
+        raise RuntimeError(f"a turn failed: {reply.error or 'no usage or no content'}")
+    usage = reply.usage
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     out.prompt += usage["prompt_tokens"]
     out.cached += cached
-    out.ttft.append(first)
+    out.ttft.append(reply.ttft)
     if later:
         out.later_prompt += usage["prompt_tokens"]
         out.later_cached += cached
-        out.later_ttft.append(first)
-    return text, replica
+        out.later_ttft.append(reply.ttft)
+    return reply.text, reply.headers.get("x-strata-replica", "")
 
 
 async def conversations(base: str, n: int, turns: int, words: int, max_tokens: int) -> Turns:
@@ -101,19 +85,14 @@ async def conversations(base: str, n: int, turns: int, words: int, max_tokens: i
     return out
 
 
-def server(tmp: Path, name: str, toml: str, replicas: int | None) -> Server:
-    (tmp / f"{name}.toml").write_text(toml)
-    args = ["--config", str(tmp / f"{name}.toml")] + (["--replicas", str(replicas)] if replicas else [])
-    return Server(args, tmp / f"{name}.log")
+def server(tmp: Path, name: str, parallel: int, n_ctx: int, threads: int, cluster: str | None,
+           replicas: int | None) -> AbstractContextManager[Running]:  # fmt: skip
+    """``strata serve`` on the CPU, with ``threads`` each engine (in the configuration file,
+    which every replica reads) and a ``[cluster]`` section for ``--replicas``."""
+    (tmp / f"{name}.toml").write_text(f"[engine]\nthreads = {threads}\n{cluster or ''}")
+    extra = ["--config", str(tmp / f"{name}.toml")] + (["--replicas", str(replicas)] if replicas else [])
+    return launch("strata", Flags(backend="cpu", parallel=parallel, n_ctx=n_ctx), tmp / f"{name}.log", extra)
 
-
-ENGINE = """
-[engine]
-backend = "cpu"
-parallel = {parallel}
-n_ctx = {n_ctx}
-threads = {threads}
-"""
 
 CLUSTER = """
 [cluster]
@@ -134,8 +113,8 @@ def routing(args: argparse.Namespace, tmp: Path) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for rnd in range(args.rounds):
         for policy in ("prefix", "random"):
-            toml = ENGINE.format(parallel=args.parallel, n_ctx=2048, threads=1) + CLUSTER.format(routing=policy, cpus=1)
-            with server(tmp, f"{policy}-{rnd}", toml, 2) as srv:
+            cluster = CLUSTER.format(routing=policy, cpus=1)
+            with server(tmp, f"{policy}-{rnd}", args.parallel, 2048, 1, cluster, 2) as srv:
                 t0 = time.perf_counter()
                 r = asyncio.run(conversations(srv.base, args.conversations, args.turns, args.words, args.max_tokens))
                 wall = time.perf_counter() - t0
@@ -146,23 +125,22 @@ def routing(args: argparse.Namespace, tmp: Path) -> None:
 
 def throughput(args: argparse.Namespace, tmp: Path) -> None:
     cores = os.cpu_count() or 1
-    setups = [
-        ("strata serve (no Ray)", ENGINE.format(parallel=args.parallel, n_ctx=1024, threads=cores), None),
-        (f"1 replica x {cores} threads", ENGINE.format(parallel=args.parallel, n_ctx=1024, threads=cores)
-         + CLUSTER.format(routing="least_loaded", cpus=cores), 1),
-        (f"2 replicas x {max(1, cores // 2)} threads", ENGINE.format(parallel=args.parallel, n_ctx=1024,
-         threads=max(1, cores // 2)) + CLUSTER.format(routing="least_loaded", cpus=max(1, cores // 2)), 2),
-    ]  # fmt: skip
+    half = max(1, cores // 2)
+    setups = [  # (name, threads per engine, cluster, replicas)
+        ("strata serve (no Ray)", cores, None, None),
+        (f"1 replica x {cores} threads", cores, CLUSTER.format(routing="least_loaded", cpus=cores), 1),
+        (f"2 replicas x {half} threads", half, CLUSTER.format(routing="least_loaded", cpus=half), 2),
+    ]
     print(f"{args.requests} chats, {args.concurrency} at a time, {args.max_tokens} tokens each, "
           f"{args.parallel} slots per engine, {cores} cores")
-    print("| setup | round | output tokens/s | TTFT p50 (s) | ITL p50 (ms) |")
-    print("|---|---|---|---|---|")
+    print("| setup | round | output tokens/s | TTFT p50 (s) | ITL p50 (ms) | errors |")
+    print("|---|---|---|---|---|---|")
     for rnd in range(args.rounds):
-        for i, (name, toml, replicas) in enumerate(setups):
-            with server(tmp, f"tp{i}-{rnd}", toml, replicas) as srv:
-                r = asyncio.run(run_load(srv.base, args.concurrency, args.requests, args.max_tokens, tag=f"{rnd}"))
-            print(f"| {name} | {rnd + 1} | {r.tokens / r.wall:.1f} | {p50(r.ttft):.3f} | {1000 * p50(r.itl):.1f} |",
-                  flush=True)  # fmt: skip
+        for i, (name, threads, cluster, replicas) in enumerate(setups):
+            with server(tmp, f"tp{i}-{rnd}", args.parallel, 1024, threads, cluster, replicas) as srv:
+                r = run_load(srv.base, args.concurrency, args.requests, args.max_tokens, tag=f"{rnd}")
+            print(f"| {name} | {rnd + 1} | {r.tok_s:.1f} | {r.pct('ttft', 0.5) / 1e3:.3f} | {r.pct('itl', 0.5):.1f} "
+                  f"| {len(r.errors)} |", flush=True)  # fmt: skip
 
 
 def main() -> None:

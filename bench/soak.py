@@ -1,12 +1,12 @@
 """Soak: a real ``strata serve`` under a mixed load for a while, its engine killed now and
 then; nothing may be lost and nothing may grow (docs/reliability.md).
 
-    python bench/soak.py [--minutes 30] [--concurrency 16] [--kill-every 300] [--first-kill S]
+    python -m bench.soak [--minutes 30] [--concurrency 16] [--kill-every 300] [--first-kill S]
         [--stall S] [--parallel 4] [--n-ctx 1024] [--backend cpu] [--model default] [--seed 0]
         [--hang 120] [--max-rss-growth 0.5] [--max-fd-growth 32] [--json PATH] [--log PATH]
 
 Starts the server on the default model, warms it up with one request of each kind, then
-keeps --concurrency requests in flight for --minutes, drawn from bench/soak_mix.py:
+keeps --concurrency requests in flight for --minutes, drawn from bench.soak_mix:
 chat and completions, streamed and not, logprobs, json_schema, stop strings, n=2, a
 seeded replay, and client-side cancellations (a stream closed after a few chunks, a
 client timeout). Every --kill-every seconds (first at --first-kill) the engine gets
@@ -48,11 +48,10 @@ try:
 except ImportError:
     import httpx as sdk_httpx  # type: ignore[no-redef]
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.soak_mix import CANCELLED, FAILED, INVALID, KINDS, LOST, OK, SSE, Ctx, Outcome  # noqa: E402
-from strata_core.ops.config import load_config  # noqa: E402
-from strata_core.testing.harness import Server  # noqa: E402
+from bench.launch import Flags, launch
+from bench.soak_mix import CANCELLED, FAILED, INVALID, KINDS, LOST, OK, SSE, Ctx, Outcome
+from strata_core.ops.config import load_config
+from strata_core.testing.harness import Server
 
 #: Failures a 503 engine_unavailable may still cause after the engine is back: answers
 #: already on their way when it recovered.
@@ -507,8 +506,9 @@ def main() -> int:
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         log = a.log or Path(tmp) / "server.log"
-        args = ["--backend", a.backend, "--model", a.model, "--parallel", str(a.parallel), "--n-ctx", str(a.n_ctx)]
-        with Server(args, log) as srv:
+        flags = Flags(backend=a.backend, model=a.model, parallel=a.parallel, n_ctx=a.n_ctx)
+        with launch("strata", flags, log) as srv:
+            assert isinstance(srv, Server)
             rep = asyncio.run(drive(srv, a))
         rep["server_exceptions"] = exceptions_in(log)
         show(rep)

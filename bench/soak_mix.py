@@ -1,4 +1,4 @@
-"""The soak's request mix (bench/soak.py): each kind sends one request (two for a seeded
+"""The soak's request mix (bench.soak): each kind sends one request (two for a seeded
 replay) and judges what came back as one Outcome.
 
 Non-streamed requests go through the official openai client; streamed ones through

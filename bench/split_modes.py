@@ -4,31 +4,27 @@ prompts) is compared with mode none's, a divergence reported with the top-2 logp
 where it happens; then tokens/s at each concurrency, beside llama-server run with the same
 split flags (``-sm``), one server at a time.
 
-    python bench/split_modes.py --devices 0,1 --json split.json
+    python -m bench.split_modes --devices 0,1 --json split.json
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.serving import PROMPTS, run_load, servers, wait_health  # noqa: E402
-from strata_core.ops.build import strata_home  # noqa: E402
-from strata_core.ops.models import default_model_path  # noqa: E402
-from strata_core.testing.models import write_tokenizer  # noqa: E402
+from bench.launch import Flags, launch
+from bench.load import PROMPTS, run_load
+from strata_core.ops.build import strata_home
+from strata_core.ops.models import default_model_path
+from strata_core.testing.models import write_tokenizer
 
 MODES = ("none", "layer", "tensor")
 
@@ -46,21 +42,6 @@ def random_8b() -> Path:
                             "--shape", "8b", str(part)], check=True)  # fmt: skip
             part.rename(path)
     return path
-
-
-@contextmanager
-def serving(cmd: list[str], env: dict[str, str], log: Path, port: int) -> Iterator[str]:
-    cmd = [c.replace("{port}", str(port)) for c in cmd]
-    print(" ".join(cmd), f"(log: {log})", flush=True)
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_health(base, proc, timeout=900)
-        yield base
-    finally:
-        proc.terminate()
-        proc.wait(60)
 
 
 def greedy(base: str, max_tokens: int) -> list[list[dict[str, Any]]]:
@@ -109,34 +90,33 @@ def main() -> None:
     ap.add_argument("--greedy-tokens", type=int, default=64)
     ap.add_argument("--n-ctx", type=int, default=2048, help="context per slot")
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    ap.add_argument("--llama-server", help="this llama-server binary instead of one built by bench/peers.py")
-    ap.add_argument("--port", type=int, default=8941)
+    ap.add_argument("--llama-server", help="this llama-server binary instead of the one bench.peers builds")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
     model = str(Path(args.model) if args.model else random_8b())
-    slots = max(args.concurrency)
-    peers = argparse.Namespace(backend="cuda", threads=args.threads, n_ctx=args.n_ctx, ngl=999,
-                               llama_server=args.llama_server, llama_cpp_python=False)  # fmt: skip
-    cmds = servers(peers, model, slots, flash_attn=True)
+    flags = Flags(backend="cuda", model=model, parallel=max(args.concurrency), n_ctx=args.n_ctx,
+                  threads=args.threads, ngl=999, flash_attn=True)  # fmt: skip
     gpus = {"CUDA_VISIBLE_DEVICES": args.devices, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     outputs: dict[str, list[list[dict[str, Any]]]] = {}
     report: dict[str, Any] = {"model": model, "devices": args.devices, "divergences": {}, "tok_s": {}}
+    logs = Path(tempfile.mkdtemp(prefix="bench-split-"))
+    print(f"server logs: {logs}", flush=True)
     for mode in args.modes:
-        runs = {
-            "strata": (cmds["strata"], {**os.environ, "STRATA_ENGINE_DEVICES": args.devices,
-                                        "STRATA_ENGINE_SPLIT_MODE": mode}),
-            "llama-server": ([*cmds["llama-server"], "-sm", mode, "-fit", "off"], {**os.environ, **gpus}),
-        }  # fmt: skip
-        for name, (cmd, env) in runs.items():
-            with serving(cmd, env, Path(f"/tmp/bench-split-{name}-{mode}.log"), args.port) as base:
+        runs = {  # (extra arguments, environment)
+            "strata": ([], {"STRATA_ENGINE_DEVICES": args.devices, "STRATA_ENGINE_SPLIT_MODE": mode}),
+            "llama-server": (["-sm", mode, "-fit", "off"], gpus),
+        }
+        for name, (extra, env) in runs.items():
+            log = logs / f"{name}-{mode}.log"
+            with launch(name, flags, log, extra, env, binary=args.llama_server, timeout=900) as srv:
                 if name == "strata":
-                    outputs[mode] = greedy(base, args.greedy_tokens)
+                    outputs[mode] = greedy(srv.base, args.greedy_tokens)
                     if mode != "none" and "none" in outputs:
                         report["divergences"][mode] = compare(mode, outputs["none"], outputs[mode])
                 for c in args.concurrency:
-                    r = asyncio.run(run_load(base, c, args.requests, args.max_tokens, tag=f"{mode} c{c}"))
-                    report["tok_s"].setdefault(mode, {}).setdefault(name, {})[c] = r.tokens / r.wall
-                    print(f"{mode:<6} {name:<12} c={c:<3} {r.tokens / r.wall:8.1f} tok/s", flush=True)
+                    r = run_load(srv.base, c, args.requests, args.max_tokens, tag=f"{mode} c{c}")
+                    report["tok_s"].setdefault(mode, {}).setdefault(name, {})[c] = r.tok_s
+                    print(f"{mode:<6} {name:<12} c={c:<3} {r.line()}", flush=True)
     for mode, by_server in report["tok_s"].items():
         for c in args.concurrency:
             s, p = by_server["strata"][c], by_server["llama-server"][c]

@@ -1,12 +1,12 @@
 """Where one generated token's milliseconds go, layer by layer, at concurrency 1.
 
-    python bench/token_budget.py [--backend cpu] [--model default] [--tokens 128] [--rounds 3]
+    python -m bench.token_budget [--backend cpu] [--model default] [--tokens 128] [--rounds 3]
         [--llama-server PATH]
 
 Streams the same greedy chat through each layer in turn and reports the median time
 between tokens (ITL) and the CPU each process spent per token:
 
-1. ``scheduler``: the engine's scheduler in this process, no I/O; per step its
+1. ``scheduler``: the engine's scheduler in a process of its own, no I/O; per step its
    ``llama_decode`` call, its sampling, and the rest of the step (``STRATA_STEP_TRACE``).
 2. ``engine``: the engine process over its protocol, this process reading its stdout.
 3. ``strata``: ``strata serve`` over HTTP (SSE), this process the client.
@@ -22,17 +22,24 @@ the server (reader, SSE, HTTP) and its contention with the engine's threads for 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
-import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.launch import Flags, launch, process
+from bench.load import chat, one
+from strata_core.client.reader import engine_command
+from strata_core.contract import protocol as proto
+from strata_core.ops.build import ensure_engine
+from strata_core.ops.config import EngineConfig
+from strata_core.ops.plugins import load_registry
+from strata_core.testing.harness import run_engine_script
 
 PROMPT = "Write a story about a lighthouse keeper who finds a message in a bottle."
 
@@ -44,7 +51,6 @@ async def floor_app(scope: dict, receive: object, send: object) -> None:
     """Layer 5: one SSE chat chunk for each line a child process writes every FLOOR_ITL
     seconds (the child is started once, as an engine is, and writes n lines when asked)."""
     import asyncio
-    import json
 
     assert callable(send)
     if scope["type"] != "http":
@@ -82,90 +88,63 @@ def med_ms(xs: list[float]) -> float:
 
 
 def stream_http(base: str, tokens: int, pids: list[int]) -> tuple[list[float], int, list[float]]:
-    """One streamed greedy chat; the gaps between content chunks, the tokens, and each
+    """One streamed greedy chat; the gaps between content chunks, the chunks, and each
     process's CPU seconds over the request."""
-    body = {"model": "default", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
     before = [cpu_secs(p) for p in pids]
-    gaps, last, n = [], None, 0
-    with httpx.Client(timeout=600) as c, c.stream("POST", f"{base}/v1/chat/completions", json=body) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            if '"content":"' in line.replace(" ", "") and '"content":""' not in line.replace(" ", ""):
-                now = time.perf_counter()
-                if last is not None:
-                    gaps.append(now - last)
-                last = now
-                n += 1
-    return gaps, n, [cpu_secs(p) - b for p, b in zip(pids, before, strict=True)]
+    reply = one(base, chat(PROMPT, tokens))
+    if reply.error is not None:
+        raise RuntimeError(reply.error)
+    return reply.itl, len(reply.times), [cpu_secs(p) - b for p, b in zip(pids, before, strict=True)]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--backend", default="cpu")
-    ap.add_argument("--model", default="default")
-    ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--llama-server", help="this llama-server binary instead of one built by bench/peers.py")
-    a = ap.parse_args()
-
-    from strata_core.client.reader import engine_command
-    from strata_core.ops.build import ensure_engine
-    from strata_core.ops.config import EngineConfig, load_config
-    from strata_core.ops.models import resolve_model
-    from strata_core.ops.plugins import load_registry
-    from strata_core.testing.harness import Server, free_port
-
-    backend = load_registry().get(a.backend)
-    site = str(ensure_engine(backend).path)
-    model = str(resolve_model(a.model).path)
-    d = backend.engine_defaults()
-    threads = load_config().engine.threads or len(os.sched_getaffinity(0))
-    rows: dict[str, float] = {}  # milliseconds
-
-    # 1. the scheduler in a subprocess of its own (libllama loads before numpy there)
-    script = f"""
-import json, sys, time
+SCHEDULER = """
+import json
 from strata_core.engine.llama import Llama, ModelOptions
 from strata_core.contract.options import SamplingParams
 from strata_core.engine.loop import Engine
 from strata_core.engine.request import Request
-m = Llama(ModelOptions(path={model!r}, n_ctx=2048, n_seq=1, n_batch=512, threads={threads},
-                       n_gpu_layers={d.n_gpu_layers}, flash_attn={d.flash_attn!r}))
+m = Llama(ModelOptions(path=MODEL, n_ctx=2048, n_seq=1, n_batch=512, threads={threads},
+                       n_gpu_layers={ngl}, flash_attn={fa!r}))
 m.warm_up()
-text = "<|im_start|>user\\n" + {PROMPT!r} + "<|im_end|>\\n<|im_start|>assistant\\n"
-prompt = m.tokenize(text.encode(), True, True)
-for r in range({a.rounds}):
-    steps = []
+prompt = m.tokenize({text!r}.encode(), True, True)
+steps = []
+for r in range({rounds}):
     s = Engine(m, lambda e: None, trace=steps.append)
-    s.submit(Request("r", list(prompt), SamplingParams(), {a.tokens}, frozenset(), None))
+    s.submit(Request("r", list(prompt), SamplingParams(), {tokens}, frozenset(), None))
+    first = len(steps)
     while s.busy:
         s.step()
-    print(json.dumps([x for x in steps if x.get("n") == 1 and "rows" in x][2:]), flush=True)
+    steps[first:] = [x for x in steps[first:] if x.get("n") == 1 and "rows" in x][2:]
+print(json.dumps(steps))
 """
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([site, str(Path(__file__).resolve().parents[1])])}
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
-    import json
+TEXT = "<|im_start|>user\n" + PROMPT + "<|im_end|>\n<|im_start|>assistant\n"
 
-    steps = [s for line in out.stdout.splitlines() for s in json.loads(line)]
+
+def scheduler_layer(a: argparse.Namespace, flags: Flags, rows: dict[str, float]) -> None:
+    """1. the scheduler in a process of its own (libllama loads before numpy there)."""
+    backend, model, threads, ngl, fa = flags.resolved()
+    script = SCHEDULER.format(threads=threads, ngl=ngl, fa=fa, text=TEXT, rounds=a.rounds, tokens=a.tokens)
+    steps = run_engine_script(script, ensure_engine(load_registry().get(backend)), Path(model))
     for key, label in (("step_ms", "step"), ("decode_ms", "llama_decode"), ("verify_ms", "sampling")):
         rows[f"scheduler: {label}"] = statistics.median(s[key] for s in steps)
 
-    # 2. the engine process over the protocol
-    from strata_core.contract import protocol as proto
 
-    cmd = engine_command(model, site=site, env=backend.engine_env(EngineConfig()), n_ctx=2048, parallel=1,
-                         n_batch=512, threads=threads, n_gpu_layers=d.n_gpu_layers, flash_attn=d.flash_attn,
-                         backend=backend.name)  # fmt: skip
+def engine_layer(a: argparse.Namespace, flags: Flags, rows: dict[str, float]) -> None:
+    """2. the engine process over its protocol, this process reading its stdout."""
+    name, model, threads, ngl, fa = flags.resolved()
+    backend = load_registry().get(name)
+    cmd = engine_command(model, site=str(ensure_engine(backend).path), env=backend.engine_env(EngineConfig()),
+                         n_ctx=2048, parallel=1, n_batch=512, threads=threads, n_gpu_layers=ngl, flash_attn=fa,
+                         backend=name)  # fmt: skip
     eng = subprocess.Popen(list(cmd.argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                            env={**os.environ, **cmd.env}, bufsize=1)  # fmt: skip
     assert eng.stdin is not None and eng.stdout is not None
     eng.stdout.readline()  # READY
-    eng.stdin.write(proto.encode_command(proto.Tokenize("t", "<|im_start|>user\n" + PROMPT + "<|im_end|>\n<|im_start|>assistant\n", True)) + "\n")
+    eng.stdin.write(proto.encode_command(proto.Tokenize("t", TEXT, True)) + "\n")
     eng.stdin.flush()
-    ids = proto.parse_event(eng.stdout.readline()).ids  # type: ignore[attr-defined]
+    tokens = proto.parse_event(eng.stdout.readline())
+    assert isinstance(tokens, proto.Tokens), tokens
+    ids = tokens.ids
     gaps: list[float] = []
     cpu: list[float] = []
     for r in range(a.rounds):
@@ -189,53 +168,45 @@ for r in range({a.rounds}):
     rows["engine: ITL"] = med_ms(gaps)
     rows["engine: CPU per token"] = statistics.median(cpu) * 1e3
 
-    # 3. strata serve; 4. llama-server; 5. the floor
-    from bench.serving import wait_health
 
-    def http(name: str, base: str, pids: list[int]) -> None:
-        stream_http(base, 8, pids)  # warm-up
-        itl: list[float] = []
-        per: list[list[float]] = []
-        for _ in range(a.rounds):
-            g, n, secs = stream_http(base, a.tokens, pids)
-            itl += g
-            per.append([s / max(n, 1) for s in secs])
-        rows[f"{name}: ITL"] = med_ms(itl)
-        for i, label in enumerate(["server", "engine"][: len(pids)]):
-            rows[f"{name}: CPU per token ({label})"] = statistics.median(p[i] for p in per) * 1e3
+def http_layer(a: argparse.Namespace, name: str, base: str, pids: list[int], rows: dict[str, float]) -> None:
+    """3 to 5: streamed chats against a server; ITL and each of ``pids``' CPU per token."""
+    stream_http(base, 8, pids)  # warm-up
+    itl: list[float] = []
+    per: list[list[float]] = []
+    for _ in range(a.rounds):
+        g, n, secs = stream_http(base, a.tokens, pids)
+        itl += g
+        per.append([s / max(n, 1) for s in secs])
+    rows[f"{name}: ITL"] = med_ms(itl)
+    for i, label in enumerate(["server", "engine"][: len(pids)]):
+        rows[f"{name}: CPU per token ({label})"] = statistics.median(p[i] for p in per) * 1e3
 
-    def measure(name: str, port: int, proc: subprocess.Popen[bytes]) -> None:
-        """``http`` on a server process started on ``port``, stopped afterwards."""
-        try:
-            base = f"http://127.0.0.1:{port}"
-            wait_health(base, proc)
-            http(name, base, [proc.pid])
-        finally:
-            proc.terminate()
-            proc.wait(30)
 
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--llama-server", help="this llama-server binary instead of the one bench.peers builds")
+    a = ap.parse_args()
+    flags = Flags(backend=a.backend, model=a.model, parallel=1, n_ctx=2048)
+    flags = replace(flags, threads=flags.resolved()[2])  # every layer the same, Strata's own choice
+    rows: dict[str, float] = {}  # milliseconds
+    scheduler_layer(a, flags, rows)
+    engine_layer(a, flags, rows)
     with tempfile.TemporaryDirectory() as tmp:
-        args = ["--backend", backend.name, "--model", model, "--parallel", "1", "--n-ctx", "2048"]
-        with Server(args, Path(tmp) / "strata.log", {"STRATA_ENGINE_THREADS": str(threads)}) as srv:
+        with launch("strata", flags, Path(tmp) / "strata.log") as srv:
             children = subprocess.run(["pgrep", "-P", str(srv.proc.pid)], capture_output=True, text=True).stdout.split()
-            http("strata", srv.base, [srv.proc.pid, int(children[0])])
-        from bench.peers import llama_server
-
-        port = free_port()
-        binary = a.llama_server or str(llama_server(backend.name))
-        peer = subprocess.Popen([binary, "-m", model, "-np", "1", "-c", "2048", "-t", str(threads), "-tb", str(threads),
-                                 "--port", str(port), "--no-webui", "-ngl", "99" if d.n_gpu_layers else "0",
-                                 "-fa", "on" if d.flash_attn else "off"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        measure("llama-server", port, peer)
-
-        port = free_port()
-        fenv = {**os.environ, "FLOOR_TOKENS": str(a.tokens), "FLOOR_ITL": str(rows["engine: ITL"] / 1e3)}
-        floor = subprocess.Popen([sys.executable, "-m", "uvicorn", "bench.token_budget:floor_app", "--port", str(port),
-                                  "--log-level", "warning"], cwd=Path(__file__).resolve().parents[1], env=fenv)  # fmt: skip
-        measure("floor", port, floor)
-
-    print(f"median over {a.rounds} rounds of {a.tokens} tokens, {threads} threads, backend {backend.name}")
+            http_layer(a, "strata", srv.base, [srv.proc.pid, int(children[0])], rows)
+        with launch("llama-server", flags, Path(tmp) / "llama-server.log", binary=a.llama_server) as peer:
+            http_layer(a, "llama-server", peer.base, [peer.proc.pid], rows)
+        fenv = {"FLOOR_TOKENS": str(a.tokens), "FLOOR_ITL": str(rows["engine: ITL"] / 1e3)}
+        argv = [sys.executable, "-m", "uvicorn", "bench.token_budget:floor_app", "--log-level", "warning"]
+        with process(argv, Path(tmp) / "floor.log", fenv, cwd=Path(__file__).resolve().parents[1]) as floor:
+            http_layer(a, "floor", floor.base, [floor.proc.pid], rows)
+    print(f"median over {a.rounds} rounds of {a.tokens} tokens, {flags.threads} threads, backend {flags.resolved()[0]}")
     for name, ms in rows.items():
         print(f"{name:<38} {ms:8.3f} ms")
 

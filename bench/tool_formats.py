@@ -7,22 +7,20 @@ against the tool's schema, and streamed equals non-streamed; (d) a history holdi
 server's own call and a tool result renders and is answered with no call markup in the
 content (strata_core/testing/tool_corpus.py). Prints one row per template and the scores.
 
-    python bench/tool_formats.py [--only NAME ...] [--skip-llama-server] [--out FILE]
+    python -m bench.tool_formats [--only NAME ...] [--skip-llama-server] [--llama-server PATH]
 """
 
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import openai
 
+from bench.launch import Flags, launch
 from strata_core.ops.models import default_model_path
-from strata_core.testing.harness import Server, free_port, wait_healthy
 from strata_core.testing.templates import tool_templates
 from strata_core.testing.tool_corpus import Outcome, check, server_config, write_models
 
@@ -33,7 +31,7 @@ def strata_run(models: dict[str, Path], work: Path) -> dict[str, Outcome]:
     config = work / "strata.toml"
     config.write_text(server_config(models, N_CTX))
     out = {}
-    with Server(["--backend", "cpu", "--config", str(config)], work / "strata.log") as srv:
+    with launch("strata", Flags(backend="cpu", n_ctx=N_CTX), work / "strata.log", ["--config", str(config)]) as srv:
         api = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", timeout=600, max_retries=0)
         for name in models:
             out[name] = check(api, name)
@@ -41,24 +39,16 @@ def strata_run(models: dict[str, Path], work: Path) -> dict[str, Outcome]:
     return out
 
 
-def llama_server_run(binary: Path, models: dict[str, Path], work: Path) -> dict[str, Outcome]:
+def llama_server_run(binary: str | None, models: dict[str, Path], work: Path) -> dict[str, Outcome]:
     out = {}
     for name, path in models.items():
-        port = free_port()
-        log = work / "llama-server.log"
-        cmd = [str(binary), "-m", str(path), "--jinja", "--port", str(port), "-c", str(N_CTX), "-np", "1"]
-        with open(log, "w") as f:
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+        flags = Flags(backend="cpu", model=str(path), n_ctx=N_CTX)
         try:
-            base = f"http://127.0.0.1:{port}"
-            wait_healthy(proc, base, log, 300)
-            api = openai.OpenAI(base_url=base + "/v1", api_key="none", timeout=600, max_retries=0)
-            out[name] = check(api, name, model="model")
+            with launch("llama-server", flags, work / "llama-server.log", ["--jinja"], binary=binary) as srv:
+                api = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", timeout=600, max_retries=0)
+                out[name] = check(api, name, model="model")
         except Exception as e:  # noqa: BLE001 - a template llama-server cannot load scores 0
             out[name] = Outcome(notes=[f"llama-server: {type(e).__name__}: {e}"])
-        finally:
-            proc.terminate()
-            proc.wait(30)
         print(f"llama-server  {row(name, out[name])}", flush=True)
     return out
 
@@ -79,7 +69,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", nargs="*", help="template file names (default: every one that reads tools)")
     ap.add_argument("--skip-llama-server", action="store_true")
-    ap.add_argument("--llama-server", help="its binary (default: built by bench/peers.py)")
+    ap.add_argument("--llama-server", help="its binary (default: the one bench.peers builds)")
     args = ap.parse_args()
     names = args.only or tool_templates()
     with tempfile.TemporaryDirectory(prefix="tool-formats-") as tmp:
@@ -87,16 +77,7 @@ def main() -> None:
         t0 = time.time()
         models = write_models(default_model_path(), work / "models", names)
         strata = strata_run(models, work)
-        peer = None
-        if not args.skip_llama_server:
-            if args.llama_server:
-                binary = Path(args.llama_server)
-            else:
-                sys.path.insert(0, str(Path(__file__).parent))
-                from peers import llama_server
-
-                binary = llama_server("cpu")
-            peer = llama_server_run(binary, models, work)
+        peer = None if args.skip_llama_server else llama_server_run(args.llama_server, models, work)
         print(f"\n{len(names)} templates, {time.time() - t0:.0f} s")
         print(f"strata serve:          {score(strata)}")
         if peer is not None:

@@ -138,7 +138,7 @@ FLASH = {True: "on", False: "off", None: "auto"}[CpuBackend().engine_defaults().
 def llama_server(cpu_engine: EngineBuild, default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     binary = llama_server_binary(cpu_engine)
     if binary is None:
-        pytest.skip("no llama-server in the engine's build tree (python bench/peers.py builds it)")
+        pytest.skip("no llama-server in the engine's build tree (python -m bench.peers builds it)")
     log_path = tmp_path_factory.mktemp("llama-server") / "llama-server.log"
     args = ["-m", str(default_model), "--embedding", "--pooling", "mean", "-fa", FLASH, "-c", "1024", "-np", "1",
             "-t", "2"]  # fmt: skip

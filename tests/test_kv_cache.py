@@ -151,7 +151,7 @@ def test_each_cache_type_equal_to_llama_servers(
     ``-ctk/-ctv`` writes the same greedy tokens with the same logprobs as Strata."""
     binary = llama_server_binary(cpu_engine)
     if binary is None:
-        pytest.skip("no llama-server in the engine's build tree (python bench/peers.py builds it)")
+        pytest.skip("no llama-server in the engine's build tree (python -m bench.peers builds it)")
     args = ["-m", str(default_model), "-c", "1024", "-np", "1", "-fa", "on", "-b", "256",
             "-ctk", types[0], "-ctv", types[1], "--no-warmup"]  # fmt: skip
     with run_llama_server(binary, args, tmp_path / "llama-server.log") as base:

@@ -240,7 +240,7 @@ def test_bad_media(media_server: Server, name: str, body: dict[str, Any], status
 def llama_server(cpu_engine: EngineBuild, default_model: Path, mmproj: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     binary = llama_server_binary(cpu_engine)
     if binary is None:
-        pytest.skip("no llama-server in the engine's build tree (python bench/peers.py builds it)")
+        pytest.skip("no llama-server in the engine's build tree (python -m bench.peers builds it)")
     flash = {True: "on", False: "off", None: "auto"}[CpuBackend().engine_defaults().flash_attn]
     log_path = tmp_path_factory.mktemp("llama-server") / "llama-server.log"
     args = ["-m", str(default_model), "--mmproj", str(mmproj), "-fa", flash, "-c", "2048", "-np", "2", "-t", "2",

@@ -47,7 +47,7 @@ def ours(cpu_engine: EngineBuild, reranker: Path, tmp_path_factory: pytest.TempP
 def theirs(cpu_engine: EngineBuild, reranker: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     binary = llama_server_binary(cpu_engine)
     if binary is None:
-        pytest.skip("no llama-server in the engine's build tree (python bench/peers.py builds it)")
+        pytest.skip("no llama-server in the engine's build tree (python -m bench.peers builds it)")
     log_path = tmp_path_factory.mktemp("llama-server-rerank") / "llama-server.log"
     args = ["-m", str(reranker), "--reranking", "-fa", FLASH, "-c", "512", "-np", "1", "-t", "2"]
     with run_llama_server(binary, args, log_path) as base:

@@ -1,4 +1,4 @@
-"""Issue 14, item 5: a one-minute soak (bench/soak.py) with one engine kill, after the engine
+"""Issue 14, item 5: a one-minute soak (bench.soak) with one engine kill, after the engine
 hangs for 2 s (--stall: requests wait on it, TOKENIZE among them); nothing may be lost, and
 the report carries every figure docs/reliability.md describes."""
 
@@ -26,7 +26,7 @@ FIELDS = {
 
 def test_one_minute_soak_with_an_engine_kill(cpu_engine: EngineBuild, default_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "soak.py"), "--minutes", "1", "--first-kill", "20",
+    cmd = [sys.executable, "-m", "bench.soak", "--minutes", "1", "--first-kill", "20",
            "--stall", "2", "--json", str(out), "--log", str(tmp_path / "server.log")]  # fmt: skip
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     print(run.stdout[-4000:], run.stderr[-2000:])

@@ -3,7 +3,7 @@ it as the draft (sharing the vocabulary), and the verifier path the scheduler ru
 
 The engines here run with flash attention on and contexts under 256 tokens: there the CPU
 build computes a window's rows bitwise as it computes them one token at a time
-(bench/window_tvd.py), so greedy output must match speculation off token for token.
+(python -m bench.speculation tvd), so greedy output must match speculation off token for token.
 """
 
 from __future__ import annotations

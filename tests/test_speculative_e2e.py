@@ -39,7 +39,7 @@ def copy_prompt(engine: EngineProcess) -> list[int]:
 
 SEEDED_GAP = (
     "llama.cpp's CPU build computes a multi-token window's logits differently from one token "
-    "at a time (bench/window_tvd.py: TVD up to 0.05 per row), so a seeded draw can land on "
+    "at a time (python -m bench.speculation tvd: TVD up to 0.05 per row), so a seeded draw can land on "
     "the other side of a boundary; greedy picks are unaffected here"
 )
 
@@ -61,7 +61,7 @@ def test_seeded_speculation_preserves_the_output_where_windows_are_exact(
     cpu_engine: EngineBuild, default_model: Path, copy_prompt: list[int]
 ) -> None:
     """With flash attention on and a context under 256 tokens the CPU build computes a
-    window's rows bitwise as one token at a time (bench/window_tvd.py), and there a seeded
+    window's rows bitwise as one token at a time (python -m bench.speculation tvd), and there a seeded
     n-gram run replays speculation off exactly."""
     e = EngineProcess(CpuBackend(), cpu_engine, default_model, parallel=1, flash_attn=True, spec_adaptive=False)
     try:

@@ -367,7 +367,7 @@ def test_a_shadow_draft_kept_whole_ends_the_pause(cpu_engine: EngineBuild, defau
     change of shape is dear: the first drafts are only recorded (shadows) and drafting
     pauses. A shadow kept whole (text being copied) is scored as its last token is emitted
     and, since a window now pays, the very next step drafts again instead of waiting out
-    the pause: on the H100's costs (bench/spec_whatif.py) that took copy-heavy text at one
+    the pause: on the H100's costs (python -m bench.speculation whatif) that took copy-heavy text at one
     slot from 158 to 135 steps for 512 tokens."""
     out = run_script(WAKE_SCRIPT, cpu_engine, default_model)
     assert out["whole"], out  # the copy kept a shadow whole

@@ -58,7 +58,7 @@ class Output:
 TRACE_ENV = "STRATA_STEP_TRACE"
 """A file to append one JSON line per scheduler step to: decoding slots, rows,
 micro-batches, windows, tokens emitted and where the step's milliseconds went
-(bench/trace_steps.py summarises it)."""
+(python -m bench.speculation trace summarises it)."""
 
 
 def step_trace(path: str | None) -> Callable[[dict[str, Any]], None] | None:

@@ -115,15 +115,17 @@ class EngineProcess:
             self.proc.kill()
 
 
-def wait_healthy(proc: subprocess.Popen[Any], base: str, log: Path, timeout: float = 300) -> None:
-    """Until ``base``/health answers 200 (a Strata server or llama-server); fails with the
-    end of ``log`` if ``proc`` exits or ``timeout`` seconds pass."""
+def wait_healthy(
+    proc: subprocess.Popen[Any], base: str, log: Path, timeout: float = 300, path: str = "/health"
+) -> None:
+    """Until ``base`` + ``path`` answers 200 (a Strata server or llama-server: /health);
+    fails with the end of ``log`` if ``proc`` exits or ``timeout`` seconds pass."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited: {log.read_text()[-3000:]}")
         try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+            if httpx.get(f"{base}{path}", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -132,7 +134,7 @@ def wait_healthy(proc: subprocess.Popen[Any], base: str, log: Path, timeout: flo
 
 
 def llama_server_binary(engine: EngineBuild) -> Path | None:
-    """llama-server built in the engine's own CMake tree (bench/peers.py builds it there),
+    """llama-server built in the engine's own CMake tree (``python -m bench.peers`` builds it there),
     else in the tree of another build of the same sources whose flags differ only in
     LLAVA_BUILD (whether the engine carries mtmd: llama-server builds its own)."""
 
@@ -150,23 +152,34 @@ def llama_server_binary(engine: EngineBuild) -> Path | None:
 
 
 @contextmanager
-def llama_server(binary: Path, args: list[str], log_path: Path) -> Iterator[str]:
-    """llama-server with ``args`` on a free loopback port, its console in ``log_path``; its
-    base URL once healthy."""
+def loopback_process(
+    argv: list[str], log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None,
+    health: str = "/health", timeout: float = 300,
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:  # fmt: skip
+    """``argv`` and ``--host 127.0.0.1 --port N`` (a free port), its console in ``log_path``,
+    with ``env`` over this environment; its base URL and process once ``health`` answers."""
     port = free_port()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([str(binary), "--host", "127.0.0.1", "--port", str(port), *args],
-                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen([*argv, "--host", "127.0.0.1", "--port", str(port)], stdout=log,
+                                stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=cwd)  # fmt: skip
         base = f"http://127.0.0.1:{port}"
         try:
-            wait_healthy(proc, base, log_path)
-            yield base
+            wait_healthy(proc, base, log_path, timeout, health)
+            yield base, proc
         finally:
             proc.terminate()
             try:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+@contextmanager
+def llama_server(binary: Path, args: list[str], log_path: Path) -> Iterator[str]:
+    """llama-server with ``args`` on a free loopback port, its console in ``log_path``; its
+    base URL once healthy."""
+    with loopback_process([str(binary), *args], log_path) as (base, _):
+        yield base
 
 
 class Server:

@@ -1,5 +1,5 @@
 """The chat templates of the pinned llama.cpp source that read ``tools``: the corpus the
-tool-call tests and bench/tool_formats.py run over, with the tools and the assistant
+tool-call tests and ``python -m bench.tool_formats`` run over, with the tools and the assistant
 turn they render."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Tool calling over HTTP on every tool-reading template of the pinned corpus, each carried
 by a copy of the default model's weights: the checks tests/test_tool_corpus_e2e.py makes
-and bench/tool_formats.py scores, against any OpenAI-compatible server.
+and ``python -m bench.tool_formats`` scores, against any OpenAI-compatible server.
 
 (c) ``tool_choice: "required"`` answers with calls whose arguments validate against the
 tool's schema, and the same request streamed gives the same calls and content;

@@ -1,6 +1,6 @@
-"""Summarise engine step traces (``STRATA_STEP_TRACE``, or bench/speculative.py --trace).
+"""``trace``: summarise engine step traces (``STRATA_STEP_TRACE``, or ``servers --trace``).
 
-    python bench/trace_steps.py TRACE.jsonl [...]
+    python -m bench.speculation trace TRACE.jsonl [...]
 
 Groups the decode steps of each trace by decoding slots and by kind: plain (no window),
 windowed in one micro-batch, windowed in several; and steps right after a change of the
@@ -9,15 +9,15 @@ step, tokens emitted per step, and the median milliseconds of the whole step (to
 one), of the ``llama_decode`` call, of waiting for the device, of sampling and
 verifying the rows and of the rest (admitting requests, prefill, drafting), and the mean
 of the rest (drafting runs in few steps, which a median passes over, and the mean is what
-it costs the stream); then tokens per second over the group. bench/spec_host.py prints
-its steps with ``summarise``.
+it costs the stream); then tokens per second over the group. ``host`` prints its steps
+with ``summarise``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -52,12 +52,14 @@ def summarise(steps: list[dict[str, Any]]) -> None:
               f"{med('verify_ms'):>7.2f} {statistics.median(rest):>7.2f} {sum(rest) / len(rest):>7.3f} {rate:>8.1f}")  # fmt: skip
 
 
-def main() -> None:
-    for path in sys.argv[1:]:
-        steps = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    ap = sub.add_parser("trace", help="summarise engine step traces")
+    ap.set_defaults(run=run)
+    ap.add_argument("traces", nargs="+", type=Path, help="STRATA_STEP_TRACE files (JSON lines)")
+
+
+def run(a: argparse.Namespace) -> None:
+    for path in a.traces:
+        steps = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         print(f"{path}: {len(steps)} steps")
         summarise(steps)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
-"""Speculation on against off, side by side in one run, on the default model (greedy
-unless --temperature is given).
+"""``servers``: speculation on against off through real servers, side by side in one run,
+on the default model (greedy unless --temperature is given).
 
-    python bench/speculative.py [--requests 4] [--max-tokens 128] [--rounds 3]
+    python -m bench.speculation servers [--requests 4] [--max-tokens 128] [--rounds 3]
         [--modes off ngram draft] [--k 7 [4 ...]] [--draft-model PATH | --draft-layers 28]
         [--threshold 0.1] [--temperature 0] [--workloads copy-heavy open-ended] [--concurrency 1 4]
         [--backend cuda] [--waves] [--floor 0.98] [--control] [--trace DIR] [--warmup 1] [--pin]
@@ -11,8 +11,8 @@ by default at concurrency 1 and 4. One server per mode runs throughout; the mode
 turns within every round, so drift in the machine's load falls on all of them; with
 --waves they take turns every wave of c requests (ABBA: off, on, on, off, ...), so drift
 slower than a wave cancels (each wave then starts and ends with its own ramp). Prints,
-pooled over the rounds: tokens/s, TTFT p50 and ITL p50 (streamed chunks) for each mode,
-each mode's ratios to off, and the acceptance (accepted / drafted tokens, from the
+pooled over the rounds: tokens/s, TTFT and ITL p50 and p99 (streamed chunks) for each
+mode, each mode's ratios to off (p50s), and the acceptance (accepted / drafted tokens, from the
 responses' usage). Several --k values run one server per mode and k (``ngram/k4``).
 Mode ``draft`` uses --draft-model, or else a copy of the model keeping its first
 --draft-layers blocks (self-speculation sharing the vocabulary). With --floor, exits 1
@@ -21,92 +21,43 @@ with speculation off, last, as mode ``off-b``: its ratio to off (never held to t
 is what two identical servers differ by in this run, through their start order, where
 the system placed their threads, and noise. With --trace DIR, each server's
 engine writes one JSON line per scheduler step to DIR/<mode>.jsonl
-(``STRATA_STEP_TRACE``; summarise with bench/trace_steps.py).
+(``STRATA_STEP_TRACE``; summarise with ``python -m bench.speculation trace``).
 
 Before the first round every server serves --warmup waves of each workload and c, not
 counted: a batch shape's first steps pay for its set-up on a GPU (kernel choice, graph
 capture), and n-gram windows bring more shapes than plain steps. With --pin, the client
 (this process) keeps one core and its hyperthread siblings and each server (with its
 engine) its own share of the other cores, dealt out in turn, so no two processes compete
-for a core and none shares one with the client.
+for a core and none shares one with the client. A failed request stops the run with
+its server's and engine's logs (after having them print their threads' stacks).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
-import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.serving import Result, abba, p50, run_load  # noqa: E402
-from strata_core.testing.harness import Server  # noqa: E402
+from bench.launch import Flags, launch
+from bench.load import Load, abba, run_load
+from bench.speculation.workloads import WORKLOADS
+from strata_core.testing.harness import Server
 
 CONTROL = "off-b"  # --control's second speculation-off server
 
-# Long enough that a faithful copy runs past --max-tokens: the copy-heavy figure then
-# measures copying, not the chat around it.
-PASSAGE = (
-    "The lighthouse stood at the edge of the cliff for two hundred years. Every night its "
-    "keeper climbed the ninety steps, trimmed the wick, and watched the ships pass safely "
-    "through the narrow channel below. In winter the storms came from the north, and the "
-    "waves broke so high against the rocks that the spray reached the windows of the lamp "
-    "room. The keeper kept a logbook on the table by the stairs, and in it he wrote the name "
-    "of every ship, the hour it passed, and the state of the sea. When the keeper grew old, "
-    "his daughter learned to tend the light, and she kept the logbook in the same careful "
-    "hand. Years later, when the light was finally automated, the logbooks were carried down "
-    "the ninety steps and placed in the town library, where visitors still read them on "
-    "rainy afternoons."
-)
-CODE = """def summarize(orders):
-    totals = {}
-    counts = {}
-    for order in orders:
-        customer = order.customer
-        amount = order.price * order.quantity
-        if order.discount:
-            amount -= amount * order.discount
-        totals[customer] = totals.get(customer, 0) + amount
-        counts[customer] = counts.get(customer, 0) + 1
-    report = []
-    for customer, total in sorted(totals.items()):
-        average = total / counts[customer]
-        report.append(f"{customer}: {total:.2f} ({counts[customer]} orders, avg {average:.2f})")
-    return "\\n".join(report)
-"""
-WORKLOADS = {
-    "copy-heavy": [
-        f"Repeat the following passage exactly, word for word:\n\n{PASSAGE}",
-        f"Rewrite this function, renaming `orders` to `purchases`, and change nothing else:\n\n{CODE}",
-        f"Copy this text and replace 'lighthouse' with 'tower':\n\n{PASSAGE}",
-        f"Quote this code back to me unchanged:\n\n{CODE}",
-    ],
-    "open-ended": [
-        "Write a short story about a dragon who learns to bake.",
-        "Explain why the sky is blue.",
-        "Give me five ideas for a birthday party.",
-        "Describe a walk through a forest in autumn.",
-    ],
-}
-
-
-def pooled(runs: list[Result]) -> Result:
-    out = Result()
+def pooled(runs: list[Load]) -> Load:
+    out = Load()
     for r in runs:
         out.add(r)
     return out
 
 
-def line(r: Result) -> str:
-    acc = f"accepted {r.accepted}/{r.drafted}" if r.drafted else "no drafts"
-    return (f"{r.tokens / r.wall:7.1f} tok/s  TTFT p50 {p50(r.ttft):7.1f} ms  ITL p50 {p50(r.itl):6.2f} ms  "
-            f"({r.tokens} tokens, {acc})")  # fmt: skip
+def line(r: Load) -> str:
+    drafted, accepted = r.speculative()
+    return f"{r.line()}  {f'accepted {accepted}/{drafted}' if drafted else 'no drafts'}"
 
 
 def siblings(cpu: int) -> set[int]:
@@ -142,8 +93,9 @@ def placement(cpus: set[int], n: int) -> tuple[set[int], list[set[int]]] | None:
     return client, [set().union(*rest[i::n][:share]) for i in range(n)]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    ap = sub.add_parser("servers", help="speculation on against off through real servers")
+    ap.set_defaults(run=run)
     ap.add_argument("--requests", type=int, default=4, help="requests per concurrent stream and round")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
@@ -165,7 +117,9 @@ def main() -> None:
     ap.add_argument("--trace", type=Path, help="a folder for each engine's per-step trace")
     ap.add_argument("--warmup", type=int, default=1, help="uncounted waves of each cell per server before round 0")
     ap.add_argument("--pin", action="store_true", help="the client on one core, each server on its own share of the others")
-    a = ap.parse_args()
+
+
+def run(a: argparse.Namespace) -> None:
     # (name, mode, k): one server each; "off" first, as the others' baseline
     specs = [("off", "off", a.k[0])]
     for m in a.modes:
@@ -175,7 +129,7 @@ def main() -> None:
         specs.append((CONTROL, "off", a.k[0]))
     modes = [name for name, _, _ in specs]
     extra = {"temperature": a.temperature} if a.temperature else None
-    table: dict[tuple[str, str, int], list[Result]] = {}
+    table: dict[tuple[str, str, int], list[Load]] = {}
     everything = os.sched_getaffinity(0)
     placed = placement(everything, len(specs)) if a.pin else None
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
@@ -193,15 +147,16 @@ def main() -> None:
             if mode == "draft":
                 text += f'draft_model = "{draft}"\nthreshold = {a.threshold}\n'
             cfg.write_text(text)
-            args = ["--config", str(cfg), "--model", a.model, "--parallel", str(a.parallel)]
-            args += ["--backend", a.backend] if a.backend else []
+            flags = Flags(backend=a.backend, model=a.model, parallel=a.parallel, n_ctx=4096)
             env = None
             if a.trace:
                 a.trace.mkdir(parents=True, exist_ok=True)
                 env = {"STRATA_STEP_TRACE": str(a.trace / f"{name.replace('/', '-')}.jsonl")}
             if placed is not None:  # the server and its engine inherit these CPUs
                 os.sched_setaffinity(0, placed[1][i])
-            servers[name] = stack.enter_context(Server(args, cfg.with_suffix(".log"), env))
+            srv = stack.enter_context(launch("strata", flags, cfg.with_suffix(".log"), ["--config", str(cfg)], env))
+            assert isinstance(srv, Server)
+            servers[name] = srv
             os.sched_setaffinity(0, everything)
         if placed is not None:
             os.sched_setaffinity(0, placed[0])
@@ -210,15 +165,14 @@ def main() -> None:
         elif a.pin:
             print("--pin: too few cores to give the client and every server their own; not pinned", flush=True)
 
-        def load(mode: str, name: str, c: int, n: int, first: int) -> Result:
-            try:
-                return asyncio.run(run_load(servers[mode].base, c, n, a.max_tokens, prompts=WORKLOADS[name],
-                                            extra=extra, first=first))  # fmt: skip
-            except httpx.TimeoutException:
+        def load(mode: str, name: str, c: int, n: int, first: int) -> Load:
+            r = run_load(servers[mode].base, c, n, a.max_tokens, prompts=WORKLOADS[name], extra=extra, first=first)
+            if r.errors:
                 servers[mode].dump_stacks()
                 log = servers[mode].log.read_text(errors="replace")
-                sys.exit(f"{mode} {name} c={c}: a stream stalled; its server's log ends:\n{log[-12000:]}"
+                sys.exit(f"{mode} {name} c={c}: {r.errors[0]}; its server's log ends:\n{log[-12000:]}"
                          f"\nits engine's log ends:\n{servers[mode].engine_log_tail()}")
+            return r
 
         for name in a.workloads:
             for c in a.concurrency:
@@ -232,7 +186,7 @@ def main() -> None:
                     # (requests, first prompt) of each turn: one run of them all, or with
                     # --waves one wave of c at a time, each from the next prompt on
                     waves = [(c, w * c) for w in range(a.requests)] if a.waves else [(a.requests * c, 0)]
-                    got = {mode: Result() for mode in turn}
+                    got = {mode: Load() for mode in turn}
                     for i, (n, first) in enumerate(waves):
                         for mode in abba(turn, i):
                             got[mode].add(load(mode, name, c, n, first))
@@ -247,17 +201,15 @@ def main() -> None:
         for name in a.workloads:
             for c in a.concurrency:
                 on, off = pooled(table[(mode, name, c)]), pooled(table[("off", name, c)])
-                acc = on.accepted / on.drafted if on.drafted else 0.0
-                ratio = (on.tokens / on.wall) / (off.tokens / off.wall)
+                drafted, accepted = on.speculative()
+                ratio = on.tok_s / off.tok_s
                 print(f"{mode:<8} {name:<10} c={c}: on/off tokens/s x{ratio:.3f}, "
-                      f"TTFT x{p50(on.ttft) / p50(off.ttft):.3f}, ITL x{p50(on.itl) / p50(off.itl):.3f}, "
-                      f"acceptance {acc:.2f} ({on.accepted}/{on.drafted})")  # fmt: skip
+                      f"TTFT x{on.pct('ttft', 0.5) / off.pct('ttft', 0.5):.3f}, "
+                      f"ITL x{on.pct('itl', 0.5) / off.pct('itl', 0.5):.3f}, "
+                      f"acceptance {accepted / drafted if drafted else 0.0:.2f} ({accepted}/{drafted})")  # fmt: skip
                 if a.floor is not None and ratio < a.floor and mode != CONTROL:
                     below.append(f"{mode} {name} c={c} x{ratio:.3f}")
     if below:
         print(f"below the floor x{a.floor}: {', '.join(below)}")
         sys.exit(1)
 
-
-if __name__ == "__main__":
-    main()
