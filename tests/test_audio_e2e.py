@@ -136,6 +136,7 @@ PEER_CASES = [
     ("mp3 after text", ask("What do you hear?", (MP3, "mp3"))),
     ("wav before text", ask("Describe the sound.", (CHIRP, "wav"), before=True)),
     ("a clip of two windows", ask("What do you hear?", (LONG, "wav"))),
+    ("the same clip twice, then another", ask("Which differs?", (CHIRP, "wav"), (CHIRP, "wav"), (MP3, "mp3"))),
 ]
 
 
