@@ -6,11 +6,13 @@ and tokenizes the whole, and the answer gives the prompt's token ids with each m
 positions held by placeholders, and per item the key (a hash of its bytes) and the
 positions it takes. The decoded items stay here, by key, until a ``GEN`` names them.
 
-Inside the scheduler a media item's positions hold one negative id, the same for every
-item with the same bytes (``media_runs.placeholder``): prefix reuse then compares media by their hash
+Inside the scheduler a media chunk's positions hold one negative id, the same for every
+chunk with the same key (``media_runs.placeholder``): prefix reuse then compares media by their hash
 as it compares tokens, and a conversation that sends the same image again reuses its
-cache. A slot reaching such a run of ids encodes the item and decodes its embeddings into
-its sequence (``MediaChunk.decode``), in a ``llama_decode`` of its own, as llama-server does.
+cache. An image is one chunk; mtmd cuts an audio clip into 30 s windows, a chunk each,
+keyed apart by ``chunk_key``. A slot reaching such a run of ids encodes the chunk and
+decodes its embeddings into its sequence (``MediaChunk.decode``), in a ``llama_decode`` of
+its own, as llama-server does.
 """
 
 from __future__ import annotations
@@ -32,6 +34,16 @@ KEEP_ITEMS = 64
 
 class MediaError(ValueError):
     """A media item mtmd cannot take (it does not decode, or the model has no encoder for it)."""
+
+
+def chunk_key(item: str, seen: dict[str, int]) -> str:
+    """The key of a media chunk whose item's id is ``item``: mtmd cuts audio into 30 s
+    windows, one chunk each under the clip's id, so the j-th chunk with that id in a prompt
+    is keyed by the id and j (the first by the id alone). Equal bytes give equal chunks in
+    the same order, so a key always names the same embeddings."""
+    j = seen.get(item, 0)
+    seen[item] = j + 1
+    return item if j == 0 else hashlib.sha256(f"{item}/{j}".encode()).hexdigest()[:16]
 
 
 class MediaChunk:
@@ -132,6 +144,7 @@ class Projector:
     def _layout(self, chunks: Any) -> tuple[list[int], list[MediaSpan]]:
         ids: list[int] = []
         spans: list[MediaSpan] = []
+        seen: dict[str, int] = {}  # chunks so far per item id
         for i in range(mtmd.mtmd_input_chunks_size(chunks)):
             chunk = mtmd.mtmd_input_chunks_get(chunks, i)
             if mtmd.mtmd_input_chunk_get_type(chunk) == mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
@@ -144,7 +157,7 @@ class Projector:
             if n_pos != n_tokens:  # M-RoPE models: positions are not one per token
                 raise MediaError("this projector places media with M-RoPE positions, which Strata does not support yet")
             raw = mtmd.mtmd_input_chunk_get_id(chunk)
-            key = raw.decode() if raw else ""
+            key = chunk_key(raw.decode() if raw else "", seen)
             self._keep(MediaChunk(self, mtmd.mtmd_input_chunk_copy(chunk), key, n_tokens))
             spans.append(MediaSpan(key, len(ids), n_tokens))
             ids.extend([0] * n_tokens)
