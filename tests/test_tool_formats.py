@@ -125,6 +125,47 @@ def test_streamed_calls_have_openai_shape(name: str) -> None:
     assert sorted(seen) == list(range(len(calls)))
 
 
+def _params_templates() -> list[str]:
+    from strata_core.text.tool_syntax import Params
+
+    return [n for n in TEMPLATES if any(isinstance(p, Params) for p in setup_of(n)[1].format.call)]
+
+
+@pytest.mark.parametrize("name", _params_templates())
+def test_xml_parameters_stream_a_parameter_at_a_time(name: str) -> None:
+    """The XML-parameter families: a call's arguments stream as its parameters complete,
+    not in one piece at its end; the fragments join to the arguments read whole."""
+    setup, text, calls = rendered(name)
+    _, got, events = parse(setup.format, text, list(range(1, len(text))))
+    assert got == calls
+    whole, _, _ = parse(setup.format, text, [])
+    first = [d for d in events if not isinstance(d, str) and d.index == 0]
+    fragments = [d.arguments for d in first[1:]]
+    assert first[0].name == calls[0][0] and first[0].arguments == ""
+    assert len([f for f in fragments if f]) > 1, f"{name}: {fragments}"  # get_weather has two parameters
+    p = reply_parser(setup.format, TOOLS)
+    p.push(text)
+    p.flush()
+    assert "".join(fragments) == p.calls[0].arguments, f"{name}: {fragments}"
+    assert fragments[0].startswith("{") and not fragments[0].endswith("}"), fragments
+
+
+def test_a_call_whose_markup_breaks_off_keeps_its_complete_parameters() -> None:
+    """What streamed stands: the parameters complete before the markup broke off are the
+    call, read whole or a character at a time; at the reply's end the rest is the broken
+    call's markup, not content; before it, what follows is read on."""
+    _, setup = setup_of("Qwen3-Coder.jinja")
+    head = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+    for tail in ("<parameter=da", "oops, I stopped"):
+        whole = parse(setup.format, head + tail, [])
+        assert whole[:2] == ("", [("get_weather", {"city": "Paris"})]), whole
+        assert parse(setup.format, head + tail, list(range(1, len(head + tail))))[:2] == whole[:2]
+    text = head + "</function>\nSunny, I guess."
+    whole = parse(setup.format, text, [])
+    assert (whole[0].strip(), whole[1]) == ("Sunny, I guess.", [("get_weather", {"city": "Paris"})]), whole
+    assert parse(setup.format, text, list(range(1, len(text))))[:2] == whole[:2]
+
+
 # ---- (b) the grammar ----------------------------------------------------------------------
 
 

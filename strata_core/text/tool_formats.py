@@ -85,16 +85,29 @@ class ToolFormat:
         first = self.open or next((p.text for p in self.call if isinstance(p, Lit)), "")
         return tuple(m for m in (first.strip(), *self.starts) if m)
 
-    def read_call(self, text: str, at: int, final: bool, props: Mapping[str, Any]) -> Read | str:
+    def read_call(
+        self, text: str, at: int, final: bool, props: Mapping[str, Any], seen: list[Read] | None = None
+    ) -> Read | str:
+        """One call at ``text[at]`` (``seen`` receives it, also while it is still being read).
+        A call whose markup breaks off after some of its XML-style parameters were complete
+        is those parameters (they may have streamed), ending where they did; at the reply's
+        end the rest of the reply is that call's broken markup."""
         r = Read(props=props)
         got = read_parts(self.call, text, at, r, final)
+        if got == FAIL and r.partial is not None:
+            r.calls, got = [r.partial], len(text) if final else r.upto
+        if got != FAIL and seen is not None:
+            seen.append(r)
         if isinstance(got, str):
             return got
         r.end = got
         return r
 
-    def read_turn(self, text: str, at: int, final: bool, props: Mapping[str, Any] | None = None) -> list[Read] | str:
-        """Every call of the calls block at ``text[at]`` (its end: the last Read's ``end``)."""
+    def read_turn(
+        self, text: str, at: int, final: bool, props: Mapping[str, Any] | None = None, seen: list[Read] | None = None
+    ) -> list[Read] | str:
+        """Every call of the calls block at ``text[at]`` (its end: the last Read's ``end``).
+        ``seen`` receives the calls as they are read, the one still being read last."""
         props = props or {}
         if self.open:
             got = Lit(self.open).read(text, at, Read(), final)
@@ -111,7 +124,7 @@ class ToolFormat:
                     break
                 assert isinstance(got, int)
                 at = got
-            r = self.read_call(text, at, final, props)
+            r = self.read_call(text, at, final, props, seen)
             if r == PARTIAL:
                 return PARTIAL
             if r == FAIL:

@@ -40,6 +40,8 @@ class Read:
     name: str | None = None
     id: str | None = None
     end: int = 0
+    upto: int = 0  # how far the text was read so far
+    partial: tuple[str, dict[str, Any]] | None = None  # XML-style parameters complete so far
 
 
 @dataclass
@@ -341,22 +343,34 @@ class Params:
     words: tuple[str, str] = ("true", "false")  # what {string} says of a string, of anything else
 
     def read(self, text: str, at: int, r: Read, final: bool) -> int | str:
+        """The parameters up to ``end``. Short of it, those complete so far are kept in
+        ``r.partial`` (the call streams them; tool_reader.py)."""
         hit = text.find(self.end, at)
+        if r.name is None:
+            return FAIL if hit >= 0 or final else PARTIAL
+        args, upto = self._args(text, at, len(text) if hit < 0 else hit, r.props.get(r.name, {}))
+        r.partial = (r.name, args) if args else None
+        r.upto = upto
         if hit < 0:
             return FAIL if final else PARTIAL
-        if r.name is None:
-            return FAIL
-        props = r.props.get(r.name, {})
+        r.calls.append((r.name, args))
+        return hit
+
+    def _args(self, text: str, at: int, stop: int, props: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
+        """The parameters complete in ``text[at:stop]`` and where the last one ended; a key
+        written twice keeps its first value (so what streamed stands)."""
         args: dict[str, Any] = {}
-        for m in re.finditer(self.pattern, text[at:hit], re.S):
+        upto = at
+        for m in re.finditer(self.pattern, text[at:stop], re.S):
             raw = m.group("value")
             if self.trim:
                 raw = raw.removeprefix("\n").removesuffix("\n")
             flag = m.groupdict().get("string")
             key = m.group("key").strip()
-            args[key] = _value(raw, props.get(key), None if flag is None else flag == self.words[0])
-        r.calls.append((r.name, args))
-        return hit
+            if key not in args:
+                args[key] = _value(raw, props.get(key), None if flag is None else flag == self.words[0])
+            upto = at + m.end()
+        return args, upto
 
     def write(self, c: Written, tools: Mapping[str, Any]) -> str:
         out = []
@@ -429,7 +443,7 @@ def read_parts(parts: Sequence[Part], text: str, at: int, r: Read, final: bool) 
         got = p.read(text, at, r, final)
         if isinstance(got, str):
             return got
-        at = got
+        at = r.upto = got
     return at
 
 
