@@ -257,6 +257,29 @@ def test_family_reasoning_tags() -> None:
     assert reply("Qwen3.5-4B.jinja", "mull</think>\n\nok", thinking=True) == ("mull", "ok", [])
 
 
+def test_functionary_v32_content_channel() -> None:
+    """The generation prompt ends with ``>>>``: a reply opening ``all\n`` is content (the
+    recipient is markup), one opening with a function's name is a call; more messages follow
+    as ``>>>all\n...`` or ``>>>name\n{...}``. Whole and at every chunk boundary."""
+    name = "meetkai-functionary-medium-v3.2.jinja"
+    _, setup = setup_of(name)
+    cases = {
+        "all\nHello there": ("Hello there", []),
+        'all\nLet me check.>>>get_time\n{"zone": "UTC"}': ("Let me check.", [("get_time", {"zone": "UTC"})]),
+        'get_time\n{"zone": "UTC"}>>>get_weather\n{"city": "Paris"}': (
+            "", [("get_time", {"zone": "UTC"}), ("get_weather", {"city": "Paris"})]),
+        'get_time\n{"zone": "UTC"}>>>all\nDone.': ("Done.", [("get_time", {"zone": "UTC"})]),
+        "allow me": ("allow me", []),
+    }  # fmt: skip
+    for text, want in cases.items():
+        assert reply(name, text)[1:] == want, text
+        for cut in range(1, len(text)):
+            assert parse(setup.format, text, [cut])[:2] == want, (text, cut)
+    # tool_choice none: no calls read, and the content channel's marker still goes
+    only = setup.format.content_only()
+    assert parse(only, 'all\nHi>>>get_time\n{"zone": "UTC"}', [2])[:2] == ('Hi>>>get_time\n{"zone": "UTC"}', [])
+
+
 def test_history_shapes() -> None:
     """Mistral: 9-alphanumeric ids (the same for a call and its result); Functionary v3.2:
     arguments as text; LFM2 and Granite 3.3: the calls written into the content."""

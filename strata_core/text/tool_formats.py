@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from strata_core.text.tool_notations import (
@@ -77,6 +77,7 @@ class ToolFormat:
     dialect: Dialect | None = None  # streamed by tools.py's incremental JSON parser
     hints: tuple[str, ...] = ()  # text of templates that never write calls themselves
     bare: bool = False  # the generation prompt wrote the call's marker: a reply may open with a call
+    lead: str = ""  # what a reply opens with when plain content follows (markup, never shown)
 
     # ---- reading ----
 
@@ -141,6 +142,10 @@ class ToolFormat:
             if isinstance(got, int):
                 reads[-1].end = got
         return reads
+
+    def content_only(self) -> ToolFormat:
+        """This format with no calls: a reply's markup that is not calls still goes."""
+        return replace(self, call=(Lit(""),), open="", close="", starts=(), bare=False)
 
     # ---- writing ----
 
@@ -295,7 +300,7 @@ FORMATS: tuple[ToolFormat, ...] = (
     ), think=("<|channel>thought", "<channel|>")),  # fmt: skip
     ToolFormat("functionary-v3.1", (Lit("<function="), Name((">",)), Lit(">"), Json(), Lit("</function>"))),
     ToolFormat("functionary-v3.2", (Opt((Lit(">>>"),)), Name(("\n",)), Lit("\n"), Json()), starts=(">>>",),
-               strip=(">>>all\n",), sep="\n", bare=True),
+               strip=(">>>all\n",), sep="\n", bare=True, lead="all\n"),  # `>>>all` is the content channel
     ToolFormat("hermes", (Lit("<tool_call>\n"), Json("call"), Lit("\n</tool_call>")), sep="\n", dialect=Dialect.HERMES),
     ToolFormat("json-tags", (Json("calls"),), open="<tool_calls>", close="</tool_calls>"),
     ToolFormat("nemotron-v2", (Json("calls"),), open="<TOOLCALL>", close="</TOOLCALL>"),

@@ -62,6 +62,7 @@ class FormatParser:
         self.spans: list[tuple[int, int]] = []  # where each calls block was, in the text pushed
         self._at = 0  # offset of _buf[0] in the text pushed
         self._fresh = fmt.bare  # at the reply's start, where a bare call may begin
+        self._lead = fmt.lead  # at the reply's start: the markup plain content opens with
         self._open: list[tuple[str, int]] = []  # calls of the block being read: id, arguments sent
         self._said = False  # content other than whitespace was shown (until then it waits)
 
@@ -88,6 +89,13 @@ class FormatParser:
 
     def _scan(self, final: bool) -> list[Event]:
         out: list[Event] = []
+        if self._lead:
+            if self._lead.startswith(self._buf) and not final:
+                return out
+            if self._buf.startswith(self._lead):
+                self._cut(len(self._lead))
+                self._fresh = False
+            self._lead = ""
         if self._fresh:
             got = self.format.read_turn(self._buf, 0, final, self._props)
             if got == PARTIAL:
