@@ -280,6 +280,30 @@ def test_functionary_v32_content_channel() -> None:
     assert parse(only, 'all\nHi>>>get_time\n{"zone": "UTC"}', [2])[:2] == ('Hi>>>get_time\n{"zone": "UTC"}', [])
 
 
+KIMI_K2 = ("Kimi-K2-Instruct.jinja", "Kimi-K2-Thinking.jinja", "moonshotai-Kimi-K2.jinja")
+
+
+@pytest.mark.parametrize("name", KIMI_K2)
+def test_kimi_k2_call_ids_are_the_ones_its_template_renders(name: str) -> None:
+    """Kimi K2 writes a call as ``functions.NAME:IDX`` (IDX counts the conversation's calls):
+    that is the call's id, so a tool result sent back with it renders as the model saw it."""
+    setup, text, calls = rendered(name)
+    assert setup.format.name == "kimi-k2"
+    p = reply_parser(setup.format, TOOLS)
+    p.push(text)
+    p.flush()
+    assert [c.id for c in p.calls] == [f"functions.{n}:{i}" for i, (n, _) in enumerate(calls)], text
+    later = '<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:7<|tool_call_argument_begin|>{"zone": "UTC"}<|tool_call_end|><|tool_calls_section_end|>'
+    _, got, events = parse(setup.format, later, [])
+    assert got == [("get_time", {"zone": "UTC"})] and events[0].id == "functions.get_time:7"
+    template, _ = setup_of(name)
+    call = p.calls[0].body()
+    history = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]  # fmt: skip
+    prompt = template.render(setup.messages(history), add_generation_prompt=True, tools=setup.tools(TOOLS))
+    assert "## Return of functions.get_weather:0" in prompt, prompt
+
+
 def test_history_shapes() -> None:
     """Mistral: 9-alphanumeric ids (the same for a call and its result); Functionary v3.2:
     arguments as text; LFM2 and Granite 3.3: the calls written into the content."""

@@ -255,7 +255,7 @@ FORMATS: tuple[ToolFormat, ...] = (
     ), sep="\n"),  # fmt: skip
     ToolFormat("kimi-k2", (
         Lit("<|tool_call_begin|>"),
-        Name(("<|tool_call_argument_begin|>",), "functions.{name}:{index}", r"(?:functions\.)?(.+?)(?::\d+)?"),
+        Name(("<|tool_call_argument_begin|>",), "functions.{name}:{index}", r"(?:functions\.)?(.+?)(?::(?P<index>\d+))?"),
         Lit("<|tool_call_argument_begin|>"), Json(), Lit("<|tool_call_end|>"),
     ), open="<|tool_calls_section_begin|>", close="<|tool_calls_section_end|>"),  # fmt: skip
     ToolFormat("kimi-k3", (

@@ -110,7 +110,9 @@ def _until(text: str, at: int, stops: Sequence[str], final: bool) -> tuple[int, 
 @dataclass(frozen=True)
 class Name:
     """The name, up to the first of ``stops`` (not consumed); ``fmt`` writes it (``{name}``,
-    ``{index}``: the call's place), ``pattern`` reads it back (group 1)."""
+    ``{index}``: the call's place), ``pattern`` reads it back (group 1; a group ``index``:
+    the index written with it, which makes the call's id as ``fmt`` writes it, e.g. Kimi
+    K2's ``functions.get_weather:0``, the id its template renders results with)."""
 
     stops: tuple[str, ...]
     fmt: str = "{name}"
@@ -124,6 +126,9 @@ class Name:
         if m is None or not m.group(1).strip():
             return FAIL
         r.name = m.group(1).strip()
+        index = m.groupdict().get("index")
+        if index is not None:
+            r.id = self.fmt.format(name=r.name, index=int(index))
         return hit[0]
 
     def write(self, c: Written, tools: Mapping[str, Any]) -> str:
