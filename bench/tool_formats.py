@@ -1,6 +1,7 @@
 """Tool calling on every tool-reading chat template of the pinned llama.cpp source, Strata
-against llama-server (``--jinja``) built from the same tree, on the same copies of the
-default model's weights (one per template).
+against llama-server (``--jinja``) built from the same tree, both on the default model's
+weights with each template as the chat template (Strata's ``chat_template`` config key,
+llama-server's ``--chat-template-file``).
 
 For each template: (c) ``tool_choice: "required"`` gives calls whose arguments validate
 against the tool's schema, and streamed equals non-streamed; (d) a history holding the
@@ -24,29 +25,30 @@ import openai
 from strata_core.models import default_model_path
 from strata_core.testing.harness import Server, free_port, wait_healthy
 from strata_core.testing.templates import tool_templates
-from strata_core.testing.tool_corpus import Outcome, check, server_config, write_models
+from strata_core.testing.tool_corpus import Outcome, check, server_config, write_templates
 
 N_CTX = 4096
 
 
-def strata_run(models: dict[str, Path], work: Path) -> dict[str, Outcome]:
+def strata_run(model: Path, templates: dict[str, Path], work: Path) -> dict[str, Outcome]:
     config = work / "strata.toml"
-    config.write_text(server_config(models, N_CTX))
+    config.write_text(server_config(model, templates, N_CTX))
     out = {}
     with Server(["--backend", "cpu", "--config", str(config)], work / "strata.log") as srv:
         api = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", timeout=600, max_retries=0)
-        for name in models:
+        for name in templates:
             out[name] = check(api, name)
             print(f"strata        {row(name, out[name])}", flush=True)
     return out
 
 
-def llama_server_run(binary: Path, models: dict[str, Path], work: Path) -> dict[str, Outcome]:
+def llama_server_run(binary: Path, model: Path, templates: dict[str, Path], work: Path) -> dict[str, Outcome]:
     out = {}
-    for name, path in models.items():
+    for name, path in templates.items():
         port = free_port()
         log = work / "llama-server.log"
-        cmd = [str(binary), "-m", str(path), "--jinja", "--port", str(port), "-c", str(N_CTX), "-np", "1"]
+        cmd = [str(binary), "-m", str(model), "--jinja", "--chat-template-file", str(path), "--port", str(port),
+               "-c", str(N_CTX), "-np", "1"]  # fmt: skip
         with open(log, "w") as f:
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
         try:
@@ -85,8 +87,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tool-formats-") as tmp:
         work = Path(tmp)
         t0 = time.time()
-        models = write_models(default_model_path(), work / "models", names)
-        strata = strata_run(models, work)
+        model, templates = default_model_path(), write_templates(work / "templates", names)
+        strata = strata_run(model, templates, work)
         peer = None
         if not args.skip_llama_server:
             if args.llama_server:
@@ -96,7 +98,7 @@ def main() -> None:
                 from peers import llama_server
 
                 binary = llama_server("cpu")
-            peer = llama_server_run(binary, models, work)
+            peer = llama_server_run(binary, model, templates, work)
         print(f"\n{len(names)} templates, {time.time() - t0:.0f} s")
         print(f"strata serve:          {score(strata)}")
         if peer is not None:

@@ -28,6 +28,7 @@ from strata_core.models import ALIASES, ResolvedModel, mmproj_path, projector_in
 from strata_core.plugins import load_registry, select_backend
 from strata_core.reader import EngineClient, EngineCommand, engine_command
 from strata_core.text.chat import ChatTemplate, TemplateError
+from strata_core.text.tool_setup import PROBE_TOOL
 
 log = logging.getLogger("strata.launch")
 
@@ -145,17 +146,23 @@ def context_for(path: Path, n_ctx: int) -> int:
 
 
 def template_file(path: str | None) -> str | None:
-    """The chat template in ``path`` (None: the GGUF's), read and compiled now so a bad
-    one refuses to start."""
+    """The chat template in ``path`` (None: the GGUF's), read and rendered now so a bad
+    one refuses to start: it must render a user's message, plainly or (a template made for
+    tool use only) with a tool offered."""
     if path is None:
         return None
     try:
         text = Path(path).expanduser().read_text(encoding="utf-8")
-        ChatTemplate(text).render([{"role": "user", "content": "hi"}])
     except OSError as exc:
         raise ConfigError(f"chat_template = {path!r}: cannot read it: {exc.strerror}") from None
+    hi = [{"role": "user", "content": "hi"}]
+    try:
+        ChatTemplate(text).render(hi)
     except TemplateError as exc:
-        raise ConfigError(f"chat_template = {path!r}: {exc}") from None
+        try:
+            ChatTemplate(text).render(hi, tools=[PROBE_TOOL])
+        except TemplateError:
+            raise ConfigError(f"chat_template = {path!r}: {exc}") from None
     return text
 
 
