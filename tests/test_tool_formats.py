@@ -125,16 +125,18 @@ def test_streamed_calls_have_openai_shape(name: str) -> None:
     assert sorted(seen) == list(range(len(calls)))
 
 
-def _params_templates() -> list[str]:
-    from strata_core.text.tool_syntax import Params
+def _not_json_templates() -> list[str]:
+    """Templates whose family writes arguments in no JSON: XML-style parameters, or a
+    notation of its own (LFM2's Python calls, Gemma 4's objects)."""
+    from strata_core.text.tool_syntax import Params, Raw
 
-    return [n for n in TEMPLATES if any(isinstance(p, Params) for p in setup_of(n)[1].format.call)]
+    return [n for n in TEMPLATES if any(isinstance(p, Params | Raw) for p in setup_of(n)[1].format.call)]
 
 
-@pytest.mark.parametrize("name", _params_templates())
-def test_xml_parameters_stream_a_parameter_at_a_time(name: str) -> None:
-    """The XML-parameter families: a call's arguments stream as its parameters complete,
-    not in one piece at its end; the fragments join to the arguments read whole."""
+@pytest.mark.parametrize("name", _not_json_templates())
+def test_arguments_not_written_as_json_stream_a_parameter_at_a_time(name: str) -> None:
+    """A call's arguments stream as its parameters complete, not in one piece at its end;
+    the fragments join to the arguments read whole."""
     setup, text, calls = rendered(name)
     _, got, events = parse(setup.format, text, list(range(1, len(text))))
     assert got == calls
@@ -160,6 +162,15 @@ def test_a_call_whose_markup_breaks_off_keeps_its_complete_parameters() -> None:
         whole = parse(setup.format, head + tail, [])
         assert whole[:2] == ("", [("get_weather", {"city": "Paris"})]), whole
         assert parse(setup.format, head + tail, list(range(1, len(head + tail))))[:2] == whole[:2]
+    cut_short = {  # the families' own notations, a string holding a comma and a bracket
+        "google-gemma-4-31B-it.jinja": '<|tool_call>call:get_weather{city:<|"|>Paris, (FR)<|"|>,days:',
+        "LFM2-8B-A1B.jinja": "<|tool_call_start|>[get_weather(city='Paris, (FR)', days=",
+    }
+    for name, text in cut_short.items():
+        _, own = setup_of(name)
+        whole = parse(own.format, text, [])
+        assert whole[:2] == ("", [("get_weather", {"city": "Paris, (FR)"})]), (name, whole)
+        assert parse(own.format, text, list(range(1, len(text))))[:2] == whole[:2], name
     text = head + "</function>\nSunny, I guess."
     whole = parse(setup.format, text, [])
     assert (whole[0].strip(), whole[1]) == ("Sunny, I guess.", [("get_weather", {"city": "Paris"})]), whole

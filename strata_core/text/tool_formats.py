@@ -25,10 +25,12 @@ from strata_core.text.tool_notations import (
     gemma_decode,
     gemma_encode,
     gemma_grammar,
+    gemma_partial,
     python_call_end,
     python_decode,
     python_encode,
     python_grammar,
+    python_partial,
 )
 from strata_core.text.tool_syntax import (
     FAIL,
@@ -291,11 +293,11 @@ FORMATS: tuple[ToolFormat, ...] = (
         Lit("<|tool_call:begin|>"), Id(("<|tool_call:name|>",)), Lit("<|tool_call:name|>"),
         Name(("<|tool_call:args|>",)), Lit("<|tool_call:args|>"), Json(), Lit("<|tool_call:end|>"),
     ), open="<|tool_calls|>", close="<|calls|>"),  # fmt: skip
-    ToolFormat("lfm2", (Raw("", python_decode, python_encode, python_grammar, python_call_end),),
+    ToolFormat("lfm2", (Raw("", python_decode, python_encode, python_grammar, python_call_end, python_partial),),
                open="<|tool_call_start|>[", close="]<|tool_call_end|>", sep=", ",
                hints=("<|tool_list_start|>", "List of tools: [")),  # fmt: skip
     ToolFormat("gemma4", (
-        Lit("<|tool_call>call:"), Name(("{",)), Raw("<tool_call|>", gemma_decode, gemma_encode, gemma_grammar),
+        Lit("<|tool_call>call:"), Name(("{",)), Raw("<tool_call|>", gemma_decode, gemma_encode, gemma_grammar, partial=gemma_partial),
         Lit("<tool_call|>"),
     ), think=("<|channel>thought", "<channel|>")),  # fmt: skip
     ToolFormat("functionary-v3.1", (Lit("<function="), Name((">",)), Lit(">"), Json(), Lit("</function>"))),

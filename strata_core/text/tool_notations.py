@@ -37,11 +37,53 @@ def python_decode(body: str, name: str | None) -> list[tuple[str, Any]] | None:
     for call in items:
         if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name) or call.args:
             return None
+        args: dict[str, Any] = {}
         try:
-            out.append((call.func.id, {k.arg: _literal(k.value) for k in call.keywords if k.arg}))
+            for k in call.keywords:
+                if k.arg and k.arg not in args:  # a keyword written twice keeps its first value
+                    args[k.arg] = _literal(k.value)
         except (ValueError, TypeError, SyntaxError):
             return None
+        out.append((call.func.id, args))
     return out or None
+
+
+def item_ends(body: str, quotes: tuple[str, ...]) -> list[int]:
+    """Where the complete items of the bracketed list that ``body`` opens end: its commas
+    at depth 1, outside strings (each opened and closed by one of ``quotes``)."""
+    ends: list[int] = []
+    depth, quote, i = 0, "", 0
+    while i < len(body):
+        if quote:
+            if len(quote) == 1 and body[i] == "\\":  # an escape in a Python string
+                i += 2
+            elif body.startswith(quote, i):
+                i, quote = i + len(quote), ""
+            else:
+                i += 1
+            continue
+        quote = next((q for q in quotes if body.startswith(q, i)), "")
+        if quote:
+            i += len(quote)
+            continue
+        ch = body[i]
+        depth += (ch in "([{") - (ch in ")]}")
+        if ch == "," and depth == 1:
+            ends.append(i)
+        i += 1
+    return ends
+
+
+def python_partial(body: str, name: str | None) -> tuple[list[tuple[str, Any]], int] | None:
+    """The keyword arguments complete so far of a call cut short (``f(a=1, b=``: a), and
+    where they end."""
+    paren = body.find("(")
+    ends = item_ends(body[paren:], ("'", '"')) if paren > 0 else []
+    if not ends:
+        return None
+    end = paren + ends[-1]
+    calls = python_decode(body[:end] + ")", name)
+    return (calls, end) if calls else None
 
 
 def python_encode(c: Written) -> str:
@@ -121,7 +163,7 @@ def gemma_decode(body: str, name: str | None) -> list[tuple[str, Any]] | None:
         return None
     text = _KEY.sub(r'\1"\2":', _STRING.sub(lambda m: json.dumps(m.group(1)), body))
     try:
-        args = json.loads(text)
+        args = json.loads(text, object_pairs_hook=_first_wins)  # a key written twice keeps its first value
     except ValueError:
         return None
     return [(name, args)] if isinstance(args, dict) else None
@@ -135,6 +177,22 @@ def gemma_value(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ",".join(gemma_value(v) for v in value) + "]"
     return json.dumps(value)
+
+
+def gemma_partial(body: str, name: str | None) -> tuple[list[tuple[str, Any]], int] | None:
+    """The keys complete so far of arguments cut short (``{a:1,b:``: a), and where they end."""
+    ends = item_ends(body, (QUOTE,)) if body.startswith("{") else []
+    if not ends:
+        return None
+    calls = gemma_decode(body[: ends[-1]] + "}", name)
+    return (calls, ends[-1]) if calls else None
+
+
+def _first_wins(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        out.setdefault(k, v)
+    return out
 
 
 def gemma_encode(c: Written) -> str:

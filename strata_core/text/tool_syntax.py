@@ -415,14 +415,19 @@ class Raw:
     encode: Callable[[Written], str]
     grammar: Callable[[str, Any], str]
     scan: Callable[[str, int], int | None] | None = None  # where it ends (None: not yet), else at ``end``
+    #: the arguments complete so far of a call cut short, and where they end (they stream)
+    partial: Callable[[str, str | None], tuple[list[tuple[str, Any]], int] | None] | None = None
 
     def read(self, text: str, at: int, r: Read, final: bool) -> int | str:
+        at = _ws(text, at)
         if self.scan is not None:
-            at = _ws(text, at)
             found = self.scan(text, at)
             hit = found if found is not None else -1
         else:
             hit = text.find(self.end, at)
+        so_far = self.partial(text[at : len(text) if hit < 0 else hit], r.name) if self.partial else None
+        if so_far is not None and so_far[0][0][1]:
+            r.partial, r.upto = so_far[0][0], at + so_far[1]
         if hit < 0:
             if not final:
                 return PARTIAL
