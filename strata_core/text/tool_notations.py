@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any
 
-from strata_core.text.tool_syntax import Written, lark_str
+from strata_core.text.tool_syntax import Written, first_wins, item_ends, lark_str
 
 _JSON_NAMES = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
 
@@ -46,32 +46,6 @@ def python_decode(body: str, name: str | None) -> list[tuple[str, Any]] | None:
             return None
         out.append((call.func.id, args))
     return out or None
-
-
-def item_ends(body: str, quotes: tuple[str, ...]) -> list[int]:
-    """Where the complete items of the bracketed list that ``body`` opens end: its commas
-    at depth 1, outside strings (each opened and closed by one of ``quotes``)."""
-    ends: list[int] = []
-    depth, quote, i = 0, "", 0
-    while i < len(body):
-        if quote:
-            if len(quote) == 1 and body[i] == "\\":  # an escape in a Python string
-                i += 2
-            elif body.startswith(quote, i):
-                i, quote = i + len(quote), ""
-            else:
-                i += 1
-            continue
-        quote = next((q for q in quotes if body.startswith(q, i)), "")
-        if quote:
-            i += len(quote)
-            continue
-        ch = body[i]
-        depth += (ch in "([{") - (ch in ")]}")
-        if ch == "," and depth == 1:
-            ends.append(i)
-        i += 1
-    return ends
 
 
 def python_partial(body: str, name: str | None) -> tuple[list[tuple[str, Any]], int] | None:
@@ -163,7 +137,7 @@ def gemma_decode(body: str, name: str | None) -> list[tuple[str, Any]] | None:
         return None
     text = _KEY.sub(r'\1"\2":', _STRING.sub(lambda m: json.dumps(m.group(1)), body))
     try:
-        args = json.loads(text, object_pairs_hook=_first_wins)  # a key written twice keeps its first value
+        args = json.loads(text, object_pairs_hook=first_wins)  # a key written twice keeps its first value
     except ValueError:
         return None
     return [(name, args)] if isinstance(args, dict) else None
@@ -186,13 +160,6 @@ def gemma_partial(body: str, name: str | None) -> tuple[list[tuple[str, Any]], i
         return None
     calls = gemma_decode(body[: ends[-1]] + "}", name)
     return (calls, ends[-1]) if calls else None
-
-
-def _first_wins(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        out.setdefault(k, v)
-    return out
 
 
 def gemma_encode(c: Written) -> str:

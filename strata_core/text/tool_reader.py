@@ -7,9 +7,11 @@ chunk boundary):
   the start of a marker is held until it is decided.
 * At a marker the calls block is read as it comes: each call becomes a first delta carrying
   index, id, type and name, then its arguments (JSON text) in fragments. A call becomes
-  known once it is whole or, in the XML-parameter families, once its first parameter is;
-  its arguments then stream a parameter at a time (``{"city": "Paris"``, ``, "days": 2``,
-  ``}``), and the fragments join to exactly the arguments read whole.
+  known once its first parameter is complete (where the family writes the arguments on
+  their own: XML-style parameters, a notation of its own, a JSON object after the name),
+  else once it is whole; its arguments then stream a parameter at a time
+  (``{"city": "Paris"``, ``, "days": 2``, ``}``), and the fragments join to exactly the
+  arguments read whole.
 * A marker whose text turns out not to be calls is content, unchanged, except a calls block
   cut short at the end of a reply that already made calls; markup the family writes that
   is neither (``strip``) makes no text.
@@ -97,8 +99,10 @@ class FormatParser:
                 self._fresh = False
             self._lead = ""
         if self._fresh:
-            got = self.format.read_turn(self._buf, 0, final, self._props)
+            seen: list[Read] = []
+            got = self.format.read_turn(self._buf, 0, final, self._props, seen)
             if got == PARTIAL:
+                self._stream(seen, out)
                 return out
             self._fresh = False
             if not isinstance(got, str):
@@ -116,7 +120,7 @@ class FormatParser:
             if mark in self.format.strip and mark not in self._marks:
                 self._cut(len(mark))
                 continue
-            seen: list[Read] = []
+            seen = []
             got = self.format.read_turn(self._buf, 0, final, self._props, seen)
             if got == PARTIAL:
                 self._stream(seen, out)

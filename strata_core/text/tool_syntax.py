@@ -233,6 +233,54 @@ def json_end(text: str, at: int) -> int | None:
     return None
 
 
+def item_ends(body: str, quotes: tuple[str, ...]) -> list[int]:
+    """Where the complete items of the bracketed list that ``body`` opens end: its commas
+    at depth 1, outside strings (each opened and closed by one of ``quotes``)."""
+    ends: list[int] = []
+    depth, quote, i = 0, "", 0
+    while i < len(body):
+        if quote:
+            if len(quote) == 1 and body[i] == "\\":  # an escape in a Python string
+                i += 2
+            elif body.startswith(quote, i):
+                i, quote = i + len(quote), ""
+            else:
+                i += 1
+            continue
+        quote = next((q for q in quotes if body.startswith(q, i)), "")
+        if quote:
+            i += len(quote)
+            continue
+        ch = body[i]
+        depth += (ch in "([{") - (ch in ")]}")
+        if ch == "," and depth == 1:
+            ends.append(i)
+        i += 1
+    return ends
+
+
+def first_wins(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's members, a key written twice keeping its first value (so arguments
+    that streamed a key at a time stand)."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        out.setdefault(k, v)
+    return out
+
+
+def json_members(text: str) -> tuple[dict[str, Any], int] | None:
+    """The members complete so far of the JSON object ``text`` opens, cut short or not
+    (``{"a": 1, "b": 2``: a), and where they end; None when none is."""
+    ends = item_ends(text, ('"',)) if text.startswith("{") else []
+    if not ends:
+        return None
+    try:
+        value = json.loads(text[: ends[-1]] + "}", object_pairs_hook=first_wins)
+    except ValueError:
+        return None
+    return (value, ends[-1]) if isinstance(value, dict) and value else None
+
+
 #: Keys of a call object: the name's, then the arguments' (first found wins).
 NAME_KEYS = ("name", "tool_name")
 ARGS_KEYS = ("arguments", "parameters")
@@ -279,10 +327,13 @@ class Json:
         if text[at] not in "{[":
             return FAIL
         end = json_end(text, at)
+        so_far = json_members(text[at:end]) if self.what == "args" else None
+        if so_far is not None and r.name is not None:  # the arguments complete so far stream
+            r.partial, r.upto = (r.name, so_far[0]), at + so_far[1]
         if end is None:
             return FAIL if final else PARTIAL
         try:
-            value = json.loads(text[at:end])
+            value = json.loads(text[at:end], object_pairs_hook=first_wins)
         except ValueError:
             return FAIL
         if self.what == "args":
