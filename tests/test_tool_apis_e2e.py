@@ -27,6 +27,7 @@ ollama = pytest.importorskip("ollama")
 pytestmark = pytest.mark.slow
 
 MODEL = "qwen3-coder"
+FUNCTIONARY = "functionary-v3.2"
 FN: dict[str, Any] = {
     "name": "get_weather",
     "description": "The weather of a city",
@@ -49,10 +50,12 @@ AGAIN = again(CALL_TEXT)
 @pytest.fixture(scope="module")
 def served(cpu_engine: EngineBuild, default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     d = tmp_path_factory.mktemp("tool-apis")
-    (d / "qwen3-coder.jinja").write_text(template_source("Qwen3-Coder.jinja"))
+    lines = []
+    for model, template in ((MODEL, "Qwen3-Coder.jinja"), (FUNCTIONARY, "meetkai-functionary-medium-v3.2.jinja")):
+        (d / template).write_text(template_source(template))
+        lines.append(f'[models.{model}]\npath = "{default_model}"\nchat_template = "{d / template}"\nparallel = 1\nn_ctx = 2048\n')
     config = d / "strata.toml"
-    config.write_text(f'[models.{MODEL}]\npath = "{default_model}"\nchat_template = "{d / "qwen3-coder.jinja"}"\n'
-                      "parallel = 1\nn_ctx = 2048\n")  # fmt: skip
+    config.write_text("\n".join(lines))
     with Server(["--backend", "cpu", "--config", str(config)], d / "server.log") as srv:
         yield srv
 
@@ -123,3 +126,17 @@ def test_ollama_tool_calls(served: Server, chat: openai.OpenAI) -> None:
     streamed = [c for p in client.chat(model=MODEL, messages=AGAIN, tools=tools, options=opts, stream=True)
                 for c in p.message.tool_calls or ()]  # fmt: skip
     assert [(c.function.name, dict(c.function.arguments)) for c in streamed] == want
+
+
+def test_functionary_content_channel_is_no_content(chat: openai.OpenAI) -> None:
+    """Functionary v3.2's generation prompt ends with ``>>>``: the model names its recipient,
+    ``all`` for plain content, which is markup, with tools offered or not."""
+    text = "The sky is blue."
+    # the template ends a turn with Llama 3's <|eot_id|>, which is text to these weights
+    kw: Any = {"model": FUNCTIONARY, "messages": again(text), "max_tokens": 30, "temperature": 0, "stop": ["<|eot_id|>"]}
+    for extra in ({}, {"tools": [CHAT_TOOL]}, {"tools": [CHAT_TOOL], "tool_choice": "none"}):
+        r = chat.chat.completions.create(**kw, **extra)
+        assert r.choices[0].message.content == text, (extra, r.choices[0].message)
+        streamed = "".join(c.choices[0].delta.content or "" for c in chat.chat.completions.create(**kw, **extra, stream=True)
+                           if c.choices)  # fmt: skip
+        assert streamed == text, extra

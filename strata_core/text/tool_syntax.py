@@ -41,7 +41,7 @@ class Read:
     id: str | None = None
     end: int = 0
     upto: int = 0  # how far the text was read so far
-    partial: tuple[str, dict[str, Any]] | None = None  # XML-style parameters complete so far
+    partial: tuple[str, dict[str, Any]] | None = None  # the call being read: its arguments complete so far
 
 
 @dataclass
