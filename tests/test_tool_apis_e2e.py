@@ -27,7 +27,7 @@ ollama = pytest.importorskip("ollama")
 pytestmark = pytest.mark.slow
 
 MODEL = "qwen3-coder"
-FUNCTIONARY = "functionary-v3.2"
+FUNCTIONARY = "functionary-v3-2"
 FN: dict[str, Any] = {
     "name": "get_weather",
     "description": "The weather of a city",
