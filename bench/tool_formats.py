@@ -1,6 +1,7 @@
 """Tool calling on every tool-reading chat template of the pinned llama.cpp source, Strata
-against llama-server (``--jinja``) built from the same tree, on the same copies of the
-default model's weights (one per template).
+against llama-server (``--jinja``) built from the same tree, both on the default model's
+weights with each template as the chat template (Strata's ``chat_template`` config key,
+llama-server's ``--chat-template-file``).
 
 For each template: (c) ``tool_choice: "required"`` gives calls whose arguments validate
 against the tool's schema, and streamed equals non-streamed; (d) a history holding the
@@ -22,29 +23,30 @@ import openai
 from bench.launch import Flags, launch
 from strata_core.ops.models import default_model_path
 from strata_core.testing.templates import tool_templates
-from strata_core.testing.tool_corpus import Outcome, check, server_config, write_models
+from strata_core.testing.tool_corpus import Outcome, check, server_config, write_templates
 
 N_CTX = 4096
 
 
-def strata_run(models: dict[str, Path], work: Path) -> dict[str, Outcome]:
+def strata_run(model: Path, templates: dict[str, Path], work: Path) -> dict[str, Outcome]:
     config = work / "strata.toml"
-    config.write_text(server_config(models, N_CTX))
+    config.write_text(server_config(model, templates, N_CTX))
     out = {}
     with launch("strata", Flags(backend="cpu", n_ctx=N_CTX), work / "strata.log", ["--config", str(config)]) as srv:
         api = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", timeout=600, max_retries=0)
-        for name in models:
+        for name in templates:
             out[name] = check(api, name)
             print(f"strata        {row(name, out[name])}", flush=True)
     return out
 
 
-def llama_server_run(binary: str | None, models: dict[str, Path], work: Path) -> dict[str, Outcome]:
+def llama_server_run(binary: str | None, model: Path, templates: dict[str, Path], work: Path) -> dict[str, Outcome]:
     out = {}
-    for name, path in models.items():
-        flags = Flags(backend="cpu", model=str(path), n_ctx=N_CTX)
+    for name, path in templates.items():
+        flags = Flags(backend="cpu", model=str(model), n_ctx=N_CTX)
+        extra = ["--jinja", "--chat-template-file", str(path)]
         try:
-            with launch("llama-server", flags, work / "llama-server.log", ["--jinja"], binary=binary) as srv:
+            with launch("llama-server", flags, work / "llama-server.log", extra, binary=binary) as srv:
                 api = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", timeout=600, max_retries=0)
                 out[name] = check(api, name, model="model")
         except Exception as e:  # noqa: BLE001 - a template llama-server cannot load scores 0
@@ -75,9 +77,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tool-formats-") as tmp:
         work = Path(tmp)
         t0 = time.time()
-        models = write_models(default_model_path(), work / "models", names)
-        strata = strata_run(models, work)
-        peer = None if args.skip_llama_server else llama_server_run(args.llama_server, models, work)
+        model, templates = default_model_path(), write_templates(work / "templates", names)
+        strata = strata_run(model, templates, work)
+        peer = None if args.skip_llama_server else llama_server_run(args.llama_server, model, templates, work)
         print(f"\n{len(names)} templates, {time.time() - t0:.0f} s")
         print(f"strata serve:          {score(strata)}")
         if peer is not None:

@@ -48,6 +48,13 @@ def test_chat_template_file(tmp_path: Path) -> None:
     bad.write_text("{% for m in messages %}")
     with pytest.raises(ConfigError, match="chat_template = .*syntax error"):
         template_file(str(bad))
+    tool_use = tmp_path / "tool_use.jinja"  # renders only with tools, as the tool_use variants do
+    tool_use.write_text("{% for t in tools %}{{ t.function.name }}{% endfor %}{{ messages[0].content }}")
+    assert template_file(str(tool_use)) == tool_use.read_text()
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{{ messages[0].content + 1 }}")
+    with pytest.raises(ConfigError, match="chat_template = "):
+        template_file(str(broken))
     cfg = tmp_path / "s.toml"
     cfg.write_text(f'[models.a]\npath = "default"\nchat_template = "{good}"\n[server]\ncatalog = true\n')
     loaded = load_config(cfg, env={})

@@ -125,6 +125,64 @@ def test_streamed_calls_have_openai_shape(name: str) -> None:
     assert sorted(seen) == list(range(len(calls)))
 
 
+def _family_read_templates() -> list[str]:
+    """Templates whose family's calls the format reader reads (not tools.py's incremental
+    JSON parser), with the arguments on their own after the name: XML-style parameters,
+    a notation of the family's own (LFM2's Python calls, Gemma 4's objects) or a JSON
+    object (Mistral, Kimi K2, gpt-oss, DeepSeek R1, ...)."""
+    from strata_core.text.tool_syntax import Json, Params, Raw
+
+    def own(p: object) -> bool:
+        return isinstance(p, Params | Raw) or (isinstance(p, Json) and p.what == "args")
+
+    return [n for n in TEMPLATES if setup_of(n)[1].format.dialect is None and any(own(p) for p in setup_of(n)[1].format.call)]
+
+
+@pytest.mark.parametrize("name", _family_read_templates())
+def test_arguments_stream_a_parameter_at_a_time(name: str) -> None:
+    """A call's arguments stream as its parameters complete, not in one piece at its end;
+    the fragments join to the arguments read whole."""
+    setup, text, calls = rendered(name)
+    _, got, events = parse(setup.format, text, list(range(1, len(text))))
+    assert got == calls
+    whole, _, _ = parse(setup.format, text, [])
+    first = [d for d in events if not isinstance(d, str) and d.index == 0]
+    fragments = [d.arguments for d in first[1:]]
+    assert first[0].name == calls[0][0] and first[0].arguments == ""
+    assert len([f for f in fragments if f]) > 1, f"{name}: {fragments}"  # get_weather has two parameters
+    p = reply_parser(setup.format, TOOLS)
+    p.push(text)
+    p.flush()
+    assert "".join(fragments) == p.calls[0].arguments, f"{name}: {fragments}"
+    assert fragments[0].startswith("{") and not fragments[0].endswith("}"), fragments
+
+
+def test_a_call_whose_markup_breaks_off_keeps_its_complete_parameters() -> None:
+    """What streamed stands: the parameters complete before the markup broke off are the
+    call, read whole or a character at a time; at the reply's end the rest is the broken
+    call's markup, not content; before it, what follows is read on."""
+    _, setup = setup_of("Qwen3-Coder.jinja")
+    head = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+    for tail in ("<parameter=da", "oops, I stopped"):
+        whole = parse(setup.format, head + tail, [])
+        assert whole[:2] == ("", [("get_weather", {"city": "Paris"})]), whole
+        assert parse(setup.format, head + tail, list(range(1, len(head + tail))))[:2] == whole[:2]
+    cut_short = {  # the families' own notations, a string holding a comma and a bracket
+        "google-gemma-4-31B-it.jinja": '<|tool_call>call:get_weather{city:<|"|>Paris, (FR)<|"|>,days:',
+        "LFM2-8B-A1B.jinja": "<|tool_call_start|>[get_weather(city='Paris, (FR)', days=",
+        "Mistral-Small-3.2-24B-Instruct-2506.jinja": '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris, (FR)", "days": ',
+    }
+    for name, text in cut_short.items():
+        _, own = setup_of(name)
+        whole = parse(own.format, text, [])
+        assert whole[:2] == ("", [("get_weather", {"city": "Paris, (FR)"})]), (name, whole)
+        assert parse(own.format, text, list(range(1, len(text))))[:2] == whole[:2], name
+    text = head + "</function>\nSunny, I guess."
+    whole = parse(setup.format, text, [])
+    assert (whole[0].strip(), whole[1]) == ("Sunny, I guess.", [("get_weather", {"city": "Paris"})]), whole
+    assert parse(setup.format, text, list(range(1, len(text))))[:2] == whole[:2]
+
+
 # ---- (b) the grammar ----------------------------------------------------------------------
 
 
@@ -214,6 +272,53 @@ def test_family_reasoning_tags() -> None:
         "a", "", [("get_time", {"zone": "UTC"})])  # fmt: skip
     # the generation prompt opened the block: the reply starts inside it
     assert reply("Qwen3.5-4B.jinja", "mull</think>\n\nok", thinking=True) == ("mull", "ok", [])
+
+
+def test_functionary_v32_content_channel() -> None:
+    """The generation prompt ends with ``>>>``: a reply opening ``all\n`` is content (the
+    recipient is markup), one opening with a function's name is a call; more messages follow
+    as ``>>>all\n...`` or ``>>>name\n{...}``. Whole and at every chunk boundary."""
+    name = "meetkai-functionary-medium-v3.2.jinja"
+    _, setup = setup_of(name)
+    cases = {
+        "all\nHello there": ("Hello there", []),
+        'all\nLet me check.>>>get_time\n{"zone": "UTC"}': ("Let me check.", [("get_time", {"zone": "UTC"})]),
+        'get_time\n{"zone": "UTC"}>>>get_weather\n{"city": "Paris"}': (
+            "", [("get_time", {"zone": "UTC"}), ("get_weather", {"city": "Paris"})]),
+        'get_time\n{"zone": "UTC"}>>>all\nDone.': ("Done.", [("get_time", {"zone": "UTC"})]),
+        "allow me": ("allow me", []),
+    }  # fmt: skip
+    for text, want in cases.items():
+        assert reply(name, text)[1:] == want, text
+        for cut in range(1, len(text)):
+            assert parse(setup.format, text, [cut])[:2] == want, (text, cut)
+    # tool_choice none: no calls read, and the content channel's marker still goes
+    only = setup.format.content_only()
+    assert parse(only, 'all\nHi>>>get_time\n{"zone": "UTC"}', [2])[:2] == ('Hi>>>get_time\n{"zone": "UTC"}', [])
+
+
+KIMI_K2 = ("Kimi-K2-Instruct.jinja", "Kimi-K2-Thinking.jinja", "moonshotai-Kimi-K2.jinja")
+
+
+@pytest.mark.parametrize("name", KIMI_K2)
+def test_kimi_k2_call_ids_are_the_ones_its_template_renders(name: str) -> None:
+    """Kimi K2 writes a call as ``functions.NAME:IDX`` (IDX counts the conversation's calls):
+    that is the call's id, so a tool result sent back with it renders as the model saw it."""
+    setup, text, calls = rendered(name)
+    assert setup.format.name == "kimi-k2"
+    p = reply_parser(setup.format, TOOLS)
+    p.push(text)
+    p.flush()
+    assert [c.id for c in p.calls] == [f"functions.{n}:{i}" for i, (n, _) in enumerate(calls)], text
+    later = '<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:7<|tool_call_argument_begin|>{"zone": "UTC"}<|tool_call_end|><|tool_calls_section_end|>'
+    _, got, events = parse(setup.format, later, [])
+    assert got == [("get_time", {"zone": "UTC"})] and events[0].id == "functions.get_time:7"
+    template, _ = setup_of(name)
+    call = p.calls[0].body()
+    history = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]  # fmt: skip
+    prompt = template.render(setup.messages(history), add_generation_prompt=True, tools=setup.tools(TOOLS))
+    assert "## Return of functions.get_weather:0" in prompt, prompt
 
 
 def test_history_shapes() -> None:

@@ -34,6 +34,7 @@ from strata_core.ops.models import (
 )
 from strata_core.ops.plugins import load_registry, select_backend
 from strata_core.text.chat import ChatTemplate, TemplateError
+from strata_core.text.tool_setup import PROBE_TOOL
 
 log = logging.getLogger("strata.launch")
 
@@ -151,17 +152,23 @@ def context_for(path: Path, n_ctx: int) -> int:
 
 
 def template_file(path: str | None) -> str | None:
-    """The chat template in ``path`` (None: the GGUF's), read and compiled now so a bad
-    one refuses to start."""
+    """The chat template in ``path`` (None: the GGUF's), read and rendered now so a bad
+    one refuses to start: it must render a user's message, plainly or (a template made for
+    tool use only) with a tool offered."""
     if path is None:
         return None
     try:
         text = Path(path).expanduser().read_text(encoding="utf-8")
-        ChatTemplate(text).render([{"role": "user", "content": "hi"}])
     except OSError as exc:
         raise ConfigError(f"chat_template = {path!r}: cannot read it: {exc.strerror}") from None
+    hi = [{"role": "user", "content": "hi"}]
+    try:
+        ChatTemplate(text).render(hi)
     except TemplateError as exc:
-        raise ConfigError(f"chat_template = {path!r}: {exc}") from None
+        try:
+            ChatTemplate(text).render(hi, tools=[PROBE_TOOL])
+        except TemplateError:
+            raise ConfigError(f"chat_template = {path!r}: {exc}") from None
     return text
 
 

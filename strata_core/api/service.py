@@ -39,6 +39,7 @@ from strata_core.text.generic_tools import generic_grammar, generic_instruction,
 from strata_core.text.grammars import grammar_error, json_schema_grammar, llguidance_grammar
 from strata_core.text.reasoning import prompt_opens_think
 from strata_core.text.structured import Constraint
+from strata_core.text.tool_formats import ToolFormat
 from strata_core.text.tool_setup import ToolSetup
 from strata_core.text.tools import Dialect
 
@@ -316,8 +317,10 @@ class Service:
         fmt = setup.format
         tools = tuple(t.template_view() for t in req.tools or ())
         thinking = prompt_opens_think(prompt, fmt.think)
-        return ChatShape(thinking, format=None if mode == "none" else fmt, think=fmt.think, tools=tools,
-                         new_id=setup.new_id)  # fmt: skip
+        reads: ToolFormat | None = fmt
+        if mode == "none":  # no calls read; a family's content channel still opens with markup
+            reads = fmt.content_only() if fmt.lead else None
+        return ChatShape(thinking, format=reads, think=fmt.think, tools=tools, new_id=setup.new_id)
 
     def tool_grammar(self, req: ChatRequest, format_param: str = "response_format") -> str | None:
         """The grammar option of a request with tools: forcing a call for tool_choice

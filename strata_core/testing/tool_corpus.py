@@ -1,6 +1,7 @@
-"""Tool calling over HTTP on every tool-reading template of the pinned corpus, each carried
-by a copy of the default model's weights: the checks tests/test_tool_corpus_e2e.py makes
-and ``python -m bench.tool_formats`` scores, against any OpenAI-compatible server.
+"""Tool calling over HTTP on every tool-reading template of the pinned corpus, each served
+as a model of its own (the default model's weights, the template as its chat_template):
+the checks tests/test_tool_corpus_e2e.py makes and ``python -m bench.tool_formats`` scores, against
+any OpenAI-compatible server.
 
 (c) ``tool_choice: "required"`` answers with calls whose arguments validate against the
 tool's schema, and the same request streamed gives the same calls and content;
@@ -19,7 +20,6 @@ from typing import Any
 import jsonschema
 import openai
 
-from strata_core.testing.models import write_with_template
 from strata_core.testing.templates import TOOLS, template_source
 from strata_core.text.chat import ChatTemplate
 from strata_core.text.tool_formats import THINK
@@ -36,24 +36,25 @@ def model_name(template: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "-", template.removesuffix(".jinja"))
 
 
-def write_models(default_model: Path, into: Path, templates: list[str]) -> dict[str, Path]:
-    """A copy of ``default_model`` carrying each template, by template name."""
+def write_templates(into: Path, templates: list[str]) -> dict[str, Path]:
+    """Each template's file, by template name: a model entry's ``chat_template``, with the
+    default model's one GGUF carrying them all."""
     into.mkdir(parents=True, exist_ok=True)
     out = {}
     for name in templates:
-        path = into / f"{model_name(name)}.gguf"
-        if not path.exists():
-            write_with_template(default_model, path, template_source(name))
+        path = into / f"{model_name(name)}.jinja"
+        path.write_text(template_source(name), encoding="utf-8")
         out[name] = path
     return out
 
 
-def server_config(models: dict[str, Path], n_ctx: int = 4096) -> str:
-    """A ``strata serve`` config serving each model under its name, one engine at a time."""
+def server_config(model: Path, templates: dict[str, Path], n_ctx: int = 4096) -> str:
+    """A ``strata serve`` config serving ``model`` under each template's name, with that
+    template, one engine at a time."""
     lines = ["[server]", "max_loaded = 1", ""]
-    for name, path in models.items():
-        lines += [f"[models.{model_name(name)}]", f'path = "{path}"', "preload = false", "parallel = 1",
-                  f"n_ctx = {n_ctx}", ""]  # fmt: skip
+    for name, path in templates.items():
+        lines += [f"[models.{model_name(name)}]", f'path = "{model}"', f'chat_template = "{path}"', "preload = false",
+                  "parallel = 1", f"n_ctx = {n_ctx}", ""]  # fmt: skip
     return "\n".join(lines)
 
 

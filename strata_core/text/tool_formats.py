@@ -18,17 +18,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from strata_core.text.tool_notations import (
     gemma_decode,
     gemma_encode,
     gemma_grammar,
+    gemma_partial,
     python_call_end,
     python_decode,
     python_encode,
     python_grammar,
+    python_partial,
 )
 from strata_core.text.tool_syntax import (
     FAIL,
@@ -77,6 +79,7 @@ class ToolFormat:
     dialect: Dialect | None = None  # streamed by tools.py's incremental JSON parser
     hints: tuple[str, ...] = ()  # text of templates that never write calls themselves
     bare: bool = False  # the generation prompt wrote the call's marker: a reply may open with a call
+    lead: str = ""  # what a reply opens with when plain content follows (markup, never shown)
 
     # ---- reading ----
 
@@ -85,16 +88,29 @@ class ToolFormat:
         first = self.open or next((p.text for p in self.call if isinstance(p, Lit)), "")
         return tuple(m for m in (first.strip(), *self.starts) if m)
 
-    def read_call(self, text: str, at: int, final: bool, props: Mapping[str, Any]) -> Read | str:
+    def read_call(
+        self, text: str, at: int, final: bool, props: Mapping[str, Any], seen: list[Read] | None = None
+    ) -> Read | str:
+        """One call at ``text[at]`` (``seen`` receives it, also while it is still being read).
+        A call whose markup breaks off after some of its XML-style parameters were complete
+        is those parameters (they may have streamed), ending where they did; at the reply's
+        end the rest of the reply is that call's broken markup."""
         r = Read(props=props)
         got = read_parts(self.call, text, at, r, final)
+        if got == FAIL and r.partial is not None:
+            r.calls, got = [r.partial], len(text) if final else r.upto
+        if got != FAIL and seen is not None:
+            seen.append(r)
         if isinstance(got, str):
             return got
         r.end = got
         return r
 
-    def read_turn(self, text: str, at: int, final: bool, props: Mapping[str, Any] | None = None) -> list[Read] | str:
-        """Every call of the calls block at ``text[at]`` (its end: the last Read's ``end``)."""
+    def read_turn(
+        self, text: str, at: int, final: bool, props: Mapping[str, Any] | None = None, seen: list[Read] | None = None
+    ) -> list[Read] | str:
+        """Every call of the calls block at ``text[at]`` (its end: the last Read's ``end``).
+        ``seen`` receives the calls as they are read, the one still being read last."""
         props = props or {}
         if self.open:
             got = Lit(self.open).read(text, at, Read(), final)
@@ -111,7 +127,7 @@ class ToolFormat:
                     break
                 assert isinstance(got, int)
                 at = got
-            r = self.read_call(text, at, final, props)
+            r = self.read_call(text, at, final, props, seen)
             if r == PARTIAL:
                 return PARTIAL
             if r == FAIL:
@@ -128,6 +144,10 @@ class ToolFormat:
             if isinstance(got, int):
                 reads[-1].end = got
         return reads
+
+    def content_only(self) -> ToolFormat:
+        """This format with no calls: a reply's markup that is not calls still goes."""
+        return replace(self, call=(Lit(""),), open="", close="", starts=(), bare=False)
 
     # ---- writing ----
 
@@ -237,7 +257,7 @@ FORMATS: tuple[ToolFormat, ...] = (
     ), sep="\n"),  # fmt: skip
     ToolFormat("kimi-k2", (
         Lit("<|tool_call_begin|>"),
-        Name(("<|tool_call_argument_begin|>",), "functions.{name}:{index}", r"(?:functions\.)?(.+?)(?::\d+)?"),
+        Name(("<|tool_call_argument_begin|>",), "functions.{name}:{index}", r"(?:functions\.)?(.+?)(?::(?P<index>\d+))?"),
         Lit("<|tool_call_argument_begin|>"), Json(), Lit("<|tool_call_end|>"),
     ), open="<|tool_calls_section_begin|>", close="<|tool_calls_section_end|>"),  # fmt: skip
     ToolFormat("kimi-k3", (
@@ -273,16 +293,16 @@ FORMATS: tuple[ToolFormat, ...] = (
         Lit("<|tool_call:begin|>"), Id(("<|tool_call:name|>",)), Lit("<|tool_call:name|>"),
         Name(("<|tool_call:args|>",)), Lit("<|tool_call:args|>"), Json(), Lit("<|tool_call:end|>"),
     ), open="<|tool_calls|>", close="<|calls|>"),  # fmt: skip
-    ToolFormat("lfm2", (Raw("", python_decode, python_encode, python_grammar, python_call_end),),
+    ToolFormat("lfm2", (Raw("", python_decode, python_encode, python_grammar, python_call_end, python_partial),),
                open="<|tool_call_start|>[", close="]<|tool_call_end|>", sep=", ",
                hints=("<|tool_list_start|>", "List of tools: [")),  # fmt: skip
     ToolFormat("gemma4", (
-        Lit("<|tool_call>call:"), Name(("{",)), Raw("<tool_call|>", gemma_decode, gemma_encode, gemma_grammar),
+        Lit("<|tool_call>call:"), Name(("{",)), Raw("<tool_call|>", gemma_decode, gemma_encode, gemma_grammar, partial=gemma_partial),
         Lit("<tool_call|>"),
     ), think=("<|channel>thought", "<channel|>")),  # fmt: skip
     ToolFormat("functionary-v3.1", (Lit("<function="), Name((">",)), Lit(">"), Json(), Lit("</function>"))),
     ToolFormat("functionary-v3.2", (Opt((Lit(">>>"),)), Name(("\n",)), Lit("\n"), Json()), starts=(">>>",),
-               strip=(">>>all\n",), sep="\n", bare=True),
+               strip=(">>>all\n",), sep="\n", bare=True, lead="all\n"),  # `>>>all` is the content channel
     ToolFormat("hermes", (Lit("<tool_call>\n"), Json("call"), Lit("\n</tool_call>")), sep="\n", dialect=Dialect.HERMES),
     ToolFormat("json-tags", (Json("calls"),), open="<tool_calls>", close="</tool_calls>"),
     ToolFormat("nemotron-v2", (Json("calls"),), open="<TOOLCALL>", close="</TOOLCALL>"),

@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any
 
-from strata_core.text.tool_syntax import Written, lark_str
+from strata_core.text.tool_syntax import Written, first_wins, item_ends, lark_str
 
 _JSON_NAMES = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
 
@@ -37,11 +37,27 @@ def python_decode(body: str, name: str | None) -> list[tuple[str, Any]] | None:
     for call in items:
         if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name) or call.args:
             return None
+        args: dict[str, Any] = {}
         try:
-            out.append((call.func.id, {k.arg: _literal(k.value) for k in call.keywords if k.arg}))
+            for k in call.keywords:
+                if k.arg and k.arg not in args:  # a keyword written twice keeps its first value
+                    args[k.arg] = _literal(k.value)
         except (ValueError, TypeError, SyntaxError):
             return None
+        out.append((call.func.id, args))
     return out or None
+
+
+def python_partial(body: str, name: str | None) -> tuple[list[tuple[str, Any]], int] | None:
+    """The keyword arguments complete so far of a call cut short (``f(a=1, b=``: a), and
+    where they end."""
+    paren = body.find("(")
+    ends = item_ends(body[paren:], ("'", '"')) if paren > 0 else []
+    if not ends:
+        return None
+    end = paren + ends[-1]
+    calls = python_decode(body[:end] + ")", name)
+    return (calls, end) if calls else None
 
 
 def python_encode(c: Written) -> str:
@@ -121,7 +137,7 @@ def gemma_decode(body: str, name: str | None) -> list[tuple[str, Any]] | None:
         return None
     text = _KEY.sub(r'\1"\2":', _STRING.sub(lambda m: json.dumps(m.group(1)), body))
     try:
-        args = json.loads(text)
+        args = json.loads(text, object_pairs_hook=first_wins)  # a key written twice keeps its first value
     except ValueError:
         return None
     return [(name, args)] if isinstance(args, dict) else None
@@ -135,6 +151,15 @@ def gemma_value(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ",".join(gemma_value(v) for v in value) + "]"
     return json.dumps(value)
+
+
+def gemma_partial(body: str, name: str | None) -> tuple[list[tuple[str, Any]], int] | None:
+    """The keys complete so far of arguments cut short (``{a:1,b:``: a), and where they end."""
+    ends = item_ends(body, (QUOTE,)) if body.startswith("{") else []
+    if not ends:
+        return None
+    calls = gemma_decode(body[: ends[-1]] + "}", name)
+    return (calls, ends[-1]) if calls else None
 
 
 def gemma_encode(c: Written) -> str:

@@ -5,8 +5,13 @@ chunk boundary):
 
 * Content streams as it comes until a marker where calls may begin; a tail that could be
   the start of a marker is held until it is decided.
-* At a marker the calls block is read whole: each call becomes a first delta carrying
-  index, id, type and name, then one carrying its arguments (JSON text).
+* At a marker the calls block is read as it comes: each call becomes a first delta carrying
+  index, id, type and name, then its arguments (JSON text) in fragments. A call becomes
+  known once its first parameter is complete (where the family writes the arguments on
+  their own: XML-style parameters, a notation of its own, a JSON object after the name),
+  else once it is whole; its arguments then stream a parameter at a time
+  (``{"city": "Paris"``, ``, "days": 2``, ``}``), and the fragments join to exactly the
+  arguments read whole.
 * A marker whose text turns out not to be calls is content, unchanged, except a calls block
   cut short at the end of a reply that already made calls; markup the family writes that
   is neither (``strip``) makes no text.
@@ -59,6 +64,8 @@ class FormatParser:
         self.spans: list[tuple[int, int]] = []  # where each calls block was, in the text pushed
         self._at = 0  # offset of _buf[0] in the text pushed
         self._fresh = fmt.bare  # at the reply's start, where a bare call may begin
+        self._lead = fmt.lead  # at the reply's start: the markup plain content opens with
+        self._open: list[tuple[str, int]] = []  # calls of the block being read: id, arguments sent
         self._said = False  # content other than whitespace was shown (until then it waits)
 
     def push(self, text: str) -> list[Event]:
@@ -84,9 +91,18 @@ class FormatParser:
 
     def _scan(self, final: bool) -> list[Event]:
         out: list[Event] = []
+        if self._lead:
+            if self._lead.startswith(self._buf) and not final:
+                return out
+            if self._buf.startswith(self._lead):
+                self._cut(len(self._lead))
+                self._fresh = False
+            self._lead = ""
         if self._fresh:
-            got = self.format.read_turn(self._buf, 0, final, self._props)
+            seen: list[Read] = []
+            got = self.format.read_turn(self._buf, 0, final, self._props, seen)
             if got == PARTIAL:
+                self._stream(seen, out)
                 return out
             self._fresh = False
             if not isinstance(got, str):
@@ -104,8 +120,10 @@ class FormatParser:
             if mark in self.format.strip and mark not in self._marks:
                 self._cut(len(mark))
                 continue
-            got = self.format.read_turn(self._buf, 0, final, self._props)
+            seen = []
+            got = self.format.read_turn(self._buf, 0, final, self._props, seen)
             if got == PARTIAL:
+                self._stream(seen, out)
                 break
             if isinstance(got, str) and final and self.calls:  # calls cut short by the reply's end
                 self._cut(len(self._buf))
@@ -123,20 +141,48 @@ class FormatParser:
         self._emit(reads, out)
 
     def _emit(self, reads: list[Read], out: list[Event]) -> None:
+        started, self._open = self._open, []
+        j = 0
         for r in reads:
             for name, args in r.calls:
-                call = ToolCall(r.id or self._new_id(), name, as_json(args))
-                index = len(self.calls)
-                self.calls.append(call)
-                out.append(CallDelta(index, "", call.id, call.name))
-                out.append(CallDelta(index, call.arguments))
+                whole = as_json(args)
+                if j < len(started):
+                    call_id, sent = started[j]
+                    if whole[sent:]:
+                        out.append(CallDelta(len(self.calls), whole[sent:]))
+                else:
+                    call_id = r.id or self._new_id()
+                    out.append(CallDelta(len(self.calls), "", call_id, name))
+                    out.append(CallDelta(len(self.calls), whole))
+                self.calls.append(ToolCall(call_id, name, whole))
+                j += 1
+
+    def _stream(self, seen: list[Read], out: list[Event]) -> None:
+        """What a calls block still being read says so far: calls read whole, and the
+        parameters complete so far of the one being read (its JSON object left open)."""
+        known = []
+        for r in seen:
+            if r.end:  # read whole
+                known += [(r, n, a, True) for n, a in r.calls]
+            elif r.partial is not None:
+                known.append((r, *r.partial, False))
+        for j, (r, name, args, whole) in enumerate(known):
+            text = as_json(args) if whole else as_json(args)[:-1]
+            index = len(self.calls) + j
+            if j == len(self._open):
+                self._open.append((r.id or self._new_id(), 0))
+                out.append(CallDelta(index, "", self._open[j][0], name))
+            call_id, sent = self._open[j]
+            if len(text) > sent:
+                out.append(CallDelta(index, text[sent:]))
+                self._open[j] = (call_id, len(text))
 
 
 def reply_parser(
     fmt: ToolFormat, tools: Sequence[Mapping[str, Any]] | None = None, new_id: Callable[[], str] = new_call_id
 ) -> FormatParser | ToolCallParser:
     """The parser of a reply in ``fmt``: the JSON families stream their arguments as they
-    come (tools.py), the rest read each call whole."""
+    come (tools.py), the rest as the family's format reads them (above)."""
     if fmt.dialect is not None:
         return ToolCallParser(fmt.dialect, new_id)
     return FormatParser(fmt, tools, new_id)

@@ -40,6 +40,8 @@ class Read:
     name: str | None = None
     id: str | None = None
     end: int = 0
+    upto: int = 0  # how far the text was read so far
+    partial: tuple[str, dict[str, Any]] | None = None  # the call being read: its arguments complete so far
 
 
 @dataclass
@@ -108,7 +110,9 @@ def _until(text: str, at: int, stops: Sequence[str], final: bool) -> tuple[int, 
 @dataclass(frozen=True)
 class Name:
     """The name, up to the first of ``stops`` (not consumed); ``fmt`` writes it (``{name}``,
-    ``{index}``: the call's place), ``pattern`` reads it back (group 1)."""
+    ``{index}``: the call's place), ``pattern`` reads it back (group 1; a group ``index``:
+    the index written with it, which makes the call's id as ``fmt`` writes it, e.g. Kimi
+    K2's ``functions.get_weather:0``, the id its template renders results with)."""
 
     stops: tuple[str, ...]
     fmt: str = "{name}"
@@ -122,6 +126,9 @@ class Name:
         if m is None or not m.group(1).strip():
             return FAIL
         r.name = m.group(1).strip()
+        index = m.groupdict().get("index")
+        if index is not None:
+            r.id = self.fmt.format(name=r.name, index=int(index))
         return hit[0]
 
     def write(self, c: Written, tools: Mapping[str, Any]) -> str:
@@ -226,6 +233,54 @@ def json_end(text: str, at: int) -> int | None:
     return None
 
 
+def item_ends(body: str, quotes: tuple[str, ...]) -> list[int]:
+    """Where the complete items of the bracketed list that ``body`` opens end: its commas
+    at depth 1, outside strings (each opened and closed by one of ``quotes``)."""
+    ends: list[int] = []
+    depth, quote, i = 0, "", 0
+    while i < len(body):
+        if quote:
+            if len(quote) == 1 and body[i] == "\\":  # an escape in a Python string
+                i += 2
+            elif body.startswith(quote, i):
+                i, quote = i + len(quote), ""
+            else:
+                i += 1
+            continue
+        quote = next((q for q in quotes if body.startswith(q, i)), "")
+        if quote:
+            i += len(quote)
+            continue
+        ch = body[i]
+        depth += (ch in "([{") - (ch in ")]}")
+        if ch == "," and depth == 1:
+            ends.append(i)
+        i += 1
+    return ends
+
+
+def first_wins(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's members, a key written twice keeping its first value (so arguments
+    that streamed a key at a time stand)."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        out.setdefault(k, v)
+    return out
+
+
+def json_members(text: str) -> tuple[dict[str, Any], int] | None:
+    """The members complete so far of the JSON object ``text`` opens, cut short or not
+    (``{"a": 1, "b": 2``: a), and where they end; None when none is."""
+    ends = item_ends(text, ('"',)) if text.startswith("{") else []
+    if not ends:
+        return None
+    try:
+        value = json.loads(text[: ends[-1]] + "}", object_pairs_hook=first_wins)
+    except ValueError:
+        return None
+    return (value, ends[-1]) if isinstance(value, dict) and value else None
+
+
 #: Keys of a call object: the name's, then the arguments' (first found wins).
 NAME_KEYS = ("name", "tool_name")
 ARGS_KEYS = ("arguments", "parameters")
@@ -272,10 +327,13 @@ class Json:
         if text[at] not in "{[":
             return FAIL
         end = json_end(text, at)
+        so_far = json_members(text[at:end]) if self.what == "args" else None
+        if so_far is not None and r.name is not None:  # the arguments complete so far stream
+            r.partial, r.upto = (r.name, so_far[0]), at + so_far[1]
         if end is None:
             return FAIL if final else PARTIAL
         try:
-            value = json.loads(text[at:end])
+            value = json.loads(text[at:end], object_pairs_hook=first_wins)
         except ValueError:
             return FAIL
         if self.what == "args":
@@ -341,22 +399,34 @@ class Params:
     words: tuple[str, str] = ("true", "false")  # what {string} says of a string, of anything else
 
     def read(self, text: str, at: int, r: Read, final: bool) -> int | str:
+        """The parameters up to ``end``. Short of it, those complete so far are kept in
+        ``r.partial`` (the call streams them; tool_reader.py)."""
         hit = text.find(self.end, at)
+        if r.name is None:
+            return FAIL if hit >= 0 or final else PARTIAL
+        args, upto = self._args(text, at, len(text) if hit < 0 else hit, r.props.get(r.name, {}))
+        r.partial = (r.name, args) if args else None
+        r.upto = upto
         if hit < 0:
             return FAIL if final else PARTIAL
-        if r.name is None:
-            return FAIL
-        props = r.props.get(r.name, {})
+        r.calls.append((r.name, args))
+        return hit
+
+    def _args(self, text: str, at: int, stop: int, props: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
+        """The parameters complete in ``text[at:stop]`` and where the last one ended; a key
+        written twice keeps its first value (so what streamed stands)."""
         args: dict[str, Any] = {}
-        for m in re.finditer(self.pattern, text[at:hit], re.S):
+        upto = at
+        for m in re.finditer(self.pattern, text[at:stop], re.S):
             raw = m.group("value")
             if self.trim:
                 raw = raw.removeprefix("\n").removesuffix("\n")
             flag = m.groupdict().get("string")
             key = m.group("key").strip()
-            args[key] = _value(raw, props.get(key), None if flag is None else flag == self.words[0])
-        r.calls.append((r.name, args))
-        return hit
+            if key not in args:
+                args[key] = _value(raw, props.get(key), None if flag is None else flag == self.words[0])
+            upto = at + m.end()
+        return args, upto
 
     def write(self, c: Written, tools: Mapping[str, Any]) -> str:
         out = []
@@ -396,14 +466,19 @@ class Raw:
     encode: Callable[[Written], str]
     grammar: Callable[[str, Any], str]
     scan: Callable[[str, int], int | None] | None = None  # where it ends (None: not yet), else at ``end``
+    #: the arguments complete so far of a call cut short, and where they end (they stream)
+    partial: Callable[[str, str | None], tuple[list[tuple[str, Any]], int] | None] | None = None
 
     def read(self, text: str, at: int, r: Read, final: bool) -> int | str:
+        at = _ws(text, at)
         if self.scan is not None:
-            at = _ws(text, at)
             found = self.scan(text, at)
             hit = found if found is not None else -1
         else:
             hit = text.find(self.end, at)
+        so_far = self.partial(text[at : len(text) if hit < 0 else hit], r.name) if self.partial else None
+        if so_far is not None and so_far[0][0][1]:
+            r.partial, r.upto = so_far[0][0], at + so_far[1]
         if hit < 0:
             if not final:
                 return PARTIAL
@@ -429,7 +504,7 @@ def read_parts(parts: Sequence[Part], text: str, at: int, r: Read, final: bool) 
         got = p.read(text, at, r, final)
         if isinstance(got, str):
             return got
-        at = got
+        at = r.upto = got
     return at
 
 
