@@ -15,10 +15,10 @@ from typing import Any
 import anthropic
 import openai
 import pytest
-from strata_core.ops.build import EngineBuild
 from test_logprobs_e2e import again
 from test_tools_e2e import TIMEOUT
 
+from strata_core.ops.build import EngineBuild
 from strata_core.testing.harness import Server
 from strata_core.testing.templates import template_source
 
