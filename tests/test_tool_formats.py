@@ -216,6 +216,18 @@ def test_the_grammar_accepts_the_templates_rendering(name: str, tokenizer: Any) 
     assert not accepts(tokenizer, grammar_of(setup.format, [TIME], parallel=False), calls_block(setup, one))
 
 
+
+@pytest.mark.parametrize("name", ["Qwen3.5-4B.jinja", "MiniMax-M2.jinja", "GLM-4.7-Flash.jinja"])
+def test_a_forced_call_after_an_open_reasoning_block_closes_it_first(name: str, tokenizer: Any) -> None:
+    """A template whose prompt leaves reasoning open: the forced turn closes the reasoning
+    with the family's marker before the calls, so they are read as calls, not reasoning."""
+    setup, text, _ = rendered(name)
+    block = calls_block(setup, text)
+    closed = setup.format.grammar(TOOLS, parallel=True, close_think=True)
+    close = setup.format.think[1]
+    assert accepts(tokenizer, closed, close + "\n\n" + block), f"{name}:\n{closed}"
+    assert not accepts(tokenizer, closed, block), "the fixture: the close marker must be required"
+
 def test_a_call_block_cut_short_after_calls_makes_no_content() -> None:
     """A reply of calls that ran out of tokens mid-call: the calls stand, the fragment is
     no content (it is markup); before any call, such text stays content."""

@@ -322,10 +322,13 @@ class Service:
             reads = fmt.content_only() if fmt.lead else None
         return ChatShape(thinking, format=reads, think=fmt.think, tools=tools, new_id=setup.new_id)
 
-    def tool_grammar(self, req: ChatRequest, format_param: str = "response_format") -> str | None:
+    def tool_grammar(
+        self, req: ChatRequest, shape: ChatShape, format_param: str = "response_format"
+    ) -> str | None:
         """The grammar option of a request with tools: forcing a call for tool_choice
         required / named, in the family's own syntax; in the generic format also for auto
-        (a response or calls). ``format_param``: the family's name of response_format, for errors."""
+        (a response or calls). ``shape``: the prompt's (whether it left reasoning open).
+        ``format_param``: the family's name of response_format, for errors."""
         mode = req.tool_mode()
         setup = self.tool_setup
         generic = setup is Dialect.GENERIC
@@ -355,7 +358,7 @@ class Service:
         tools = [t.template_view() for t in req.forced_tools()]
         parallel = req.parallel_tool_calls is not False
         if isinstance(setup, ToolSetup):
-            grammar = setup.format.grammar(tools, parallel=parallel)
+            grammar = setup.format.grammar(tools, parallel=parallel, close_think=shape.thinking)
         else:
             grammar = generic_grammar(tools, parallel, text=mode == "auto")
         problem = grammar_error(llguidance_grammar("lark", grammar))
@@ -429,7 +432,7 @@ class Service:
         their names of the conversation, the token limit and the reply's format, for errors."""
         self.ready()
         prompt, shape = await self.chat_prompt(req)
-        grammar, constraint, grammar_param = self.constrain(req, self.tool_grammar(req, format_param), format_param)
+        grammar, constraint, grammar_param = self.constrain(req, self.tool_grammar(req, shape, format_param), format_param)
         seed = resolve_seed(req.seed)
         max_new = self.check_lengths(prompt, req, param, limit_param)
         opts = self.options(req, seed=seed, max_tokens=max_new, grammar=grammar)

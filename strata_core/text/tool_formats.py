@@ -155,9 +155,11 @@ class ToolFormat:
         body = self.sep.join(write_parts(self.call, c, tools or {}) for c in calls)
         return self.open + body + self.close
 
-    def grammar(self, tools: Sequence[Mapping[str, Any]], parallel: bool = True) -> str:
+    def grammar(self, tools: Sequence[Mapping[str, Any]], parallel: bool = True, close_think: bool = False) -> str:
         """A Lark grammar (llguidance's) whose sentences are a turn of calls to ``tools``
-        (one call unless ``parallel``), written as this family writes them."""
+        (one call unless ``parallel``), written as this family writes them; ``close_think``:
+        the prompt left a reasoning block open, which the turn closes first (else the calls
+        would be written inside the reasoning)."""
         listed = next((i for i, p in enumerate(self.call) if isinstance(p, Json) and p.what == "calls"), None)
         call, before, after, sep = self.call, "", "", lit_rule(self.sep) if self.sep.strip() else ""
         if listed is not None:  # the calls are items of one JSON list
@@ -172,6 +174,8 @@ class ToolFormat:
         more = most_calls(len(tools)) - 1
         body = f"call ({sep} {WS} call){{0,{more}}}" if parallel else "call"
         head = lit_rule(self.open) if self.open.strip() else ""
+        if close_think:
+            head = f"{lit_rule(self.think[1])} {WS} {head}"
         tail = lit_rule(self.close) if self.close.strip() else ""
         if listed is not None:  # a list of the calls, or (MiniMax M1) the objects one after another
             bare = f"call (call){{0,{more}}}" if parallel else "call"
