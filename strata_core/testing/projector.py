@@ -101,6 +101,16 @@ def _finish(writer: gguf.GGUFWriter) -> None:
     writer.close()
 
 
+
+def _encoder_keys(writer: gguf.GGUFWriter, kind: str, shape: VisionShape | AudioShape, n_embd_text: int) -> None:
+    """The keys an encoder of either kind carries, under ``clip.{kind}.``."""
+    writer.add_uint32(f"clip.{kind}.embedding_length", shape.n_embd)
+    writer.add_uint32(f"clip.{kind}.feed_forward_length", shape.n_ff)
+    writer.add_uint32(f"clip.{kind}.block_count", shape.n_layer)
+    writer.add_uint32(f"clip.{kind}.projection_dim", n_embd_text)
+    writer.add_uint32(f"clip.{kind}.attention.head_count", shape.n_head)
+    writer.add_float32(f"clip.{kind}.attention.layer_norm_epsilon", 1e-5)
+
 def write_vision_projector(dst: Path, n_embd_text: int, shape: VisionShape = SMALL, seed: int = 0) -> None:
     """An mmproj GGUF whose image embeddings are ``n_embd_text`` wide. The projector's last
     layer is scaled so that an image's embeddings weigh on the reply (different images,
@@ -113,12 +123,7 @@ def write_vision_projector(dst: Path, n_embd_text: int, shape: VisionShape = SMA
     writer.add_bool("clip.use_gelu", True)
     writer.add_uint32("clip.vision.image_size", shape.image_size)
     writer.add_uint32("clip.vision.patch_size", shape.patch_size)
-    writer.add_uint32("clip.vision.embedding_length", shape.n_embd)
-    writer.add_uint32("clip.vision.feed_forward_length", shape.n_ff)
-    writer.add_uint32("clip.vision.block_count", shape.n_layer)
-    writer.add_uint32("clip.vision.projection_dim", n_embd_text)
-    writer.add_uint32("clip.vision.attention.head_count", shape.n_head)
-    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
+    _encoder_keys(writer, "vision", shape, n_embd_text)
     writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
     w = _weights(seed)
@@ -149,12 +154,7 @@ def write_audio_projector(dst: Path, n_embd_text: int, shape: AudioShape = SMALL
     writer.add_bool("clip.has_audio_encoder", True)
     writer.add_string("clip.projector_type", "ultravox")
     writer.add_uint32("clip.audio.num_mel_bins", shape.n_mel)
-    writer.add_uint32("clip.audio.embedding_length", shape.n_embd)
-    writer.add_uint32("clip.audio.feed_forward_length", shape.n_ff)
-    writer.add_uint32("clip.audio.block_count", shape.n_layer)
-    writer.add_uint32("clip.audio.projection_dim", n_embd_text)
-    writer.add_uint32("clip.audio.attention.head_count", shape.n_head)
-    writer.add_float32("clip.audio.attention.layer_norm_epsilon", 1e-5)
+    _encoder_keys(writer, "audio", shape, n_embd_text)
     writer.add_uint32("clip.audio.projector.stack_factor", shape.stack)
     w = _weights(seed)
     e, h = shape.n_embd, shape.mm_hidden
