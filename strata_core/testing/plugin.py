@@ -99,12 +99,13 @@ def kit_server(
 
 @pytest.fixture(scope="session")
 def kit_reference(pytestconfig: pytest.Config, kit_model: Path) -> dict[str, Any]:
-    from strata_core.testing.reference import file_digest, greedy_runs
+    from strata_core.ops.hub import sha256_of
+    from strata_core.testing.reference import greedy_runs
 
     path = pytestconfig.getoption("--strata-reference")
     if path:
         record: dict[str, Any] = json.loads(Path(path).read_text())
-        digest = file_digest(kit_model)
+        digest = sha256_of(kit_model)
         if record["model_sha256"] != digest:
             pytest.fail(f"the reference was recorded on another model ({record['model_sha256'][:12]} != {digest[:12]})")
         return record

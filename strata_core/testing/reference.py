@@ -10,12 +10,12 @@ kit compares another backend's run with this record (or with a live CPU run).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from strata_core.contract import protocol as proto
+from strata_core.ops.hub import sha256_of
 from strata_core.testing.harness import EngineProcess
 
 PROMPTS = (
@@ -56,12 +56,6 @@ def greedy_runs(engine: EngineProcess) -> list[Run]:
     return runs
 
 
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def main() -> None:
@@ -79,7 +73,7 @@ def main() -> None:
         runs = greedy_runs(engine)
     finally:
         engine.close()
-    record = {"model_sha256": file_digest(model), "runs": [asdict(r) for r in runs]}
+    record = {"model_sha256": sha256_of(model), "runs": [asdict(r) for r in runs]}
     a.out.write_text(json.dumps(record, indent=1))
     print(f"wrote {a.out}: {len(runs)} prompts x {N_TOKENS} tokens")
 
