@@ -1,6 +1,6 @@
 """The host's share of a plain decode step, with the device's work taken out.
 
-    python -m bench.host_step [--slots 64] [--steps 300]
+    python -m bench.host_step [--slots 64] [--steps 300] [--host-argmax]
 
 The engine loop runs ``--slots`` greedy requests over a stand-in for libllama whose
 decode computes nothing and whose logits are a fixed random matrix of the default model's
@@ -36,13 +36,24 @@ def stub_libllama() -> None:
 
 
 class NoDevice:
-    """A Llama whose decode does nothing and whose logits rows are a fixed matrix."""
+    """A Llama whose decode does nothing and whose logits rows are a fixed matrix; with
+    ``device_greedy`` it picks greedy rows in the decode, as a GPU engine does by default
+    (their tokens are the rows' argmax, computed once here: on a device it costs the host
+    nothing)."""
 
     n_batch, n_ctx, n_vocab, on_gpu = 512, 4096, 49_152, False
 
-    def __init__(self, n_seq: int) -> None:
+    def __init__(self, n_seq: int, device_greedy: bool) -> None:
         self.n_seq = n_seq
         self.rows = np.random.default_rng(0).normal(0.0, 2.0, (512, self.n_vocab)).astype(np.float32)
+        self.device_greedy = device_greedy
+        self.argmax = [int(t) for t in np.argmax(self.rows, axis=1)]
+
+    def greedy_on_device(self, seq: int, on: bool) -> bool:
+        return self.device_greedy or not on
+
+    def sampled(self, rows: list[int], n: int) -> list[int]:
+        return [self.argmax[i] for i in rows]
 
     def decode(self, batch: Any) -> None:
         pass
@@ -70,6 +81,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--slots", type=int, default=64)
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--host-argmax", action="store_true", help="greedy rows' argmax on the host (the CPU default)")
     a = ap.parse_args()
     stub_libllama()
     from strata_core.contract.options import SamplingParams
@@ -81,7 +93,7 @@ def main() -> None:
         from strata_core.engine.scheduler import Request  # type: ignore[attr-defined,no-redef]
         from strata_core.engine.scheduler import Scheduler as Loop  # type: ignore[no-redef,assignment]
     steps: list[dict[str, Any]] = []
-    loop = Loop(NoDevice(a.slots), lambda event: None, trace=steps.append)  # type: ignore[arg-type]
+    loop = Loop(NoDevice(a.slots, not a.host_argmax), lambda event: None, trace=steps.append)  # type: ignore[arg-type]
     for i in range(a.slots):
         loop.submit(Request(f"r{i}", [1, 2, 3, 4], SamplingParams(), 1 << 30, frozenset(), None))
     for _ in range(a.steps):

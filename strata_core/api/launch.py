@@ -134,6 +134,7 @@ def model_spec(
         cache_types=(e.cache_type_k, e.cache_type_v),
         loras=[(str(Path(a.path).expanduser()), a.scale) for a in e.lora],
         mmproj=str(mmproj) if mmproj else None,
+        device_sampling=e.device_sampling,
     )
     # One model served: the aliases clients send for "the model" ("default") name it, whatever
     # its file, as before several models could be served; [models.NAME] are named exactly.

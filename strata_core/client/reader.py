@@ -404,6 +404,7 @@ def engine_command(
     cache_types: tuple[str, str] = (EngineConfig().cache_type_k, EngineConfig().cache_type_v),
     loras: Sequence[tuple[str, float]] = (),
     mmproj: str | None = None,
+    device_sampling: bool | None = None,
 ) -> EngineCommand:
     """The argv and environment that run the engine on a backend's build at ``site``
     (what is not given: the configuration's defaults)."""
@@ -416,6 +417,7 @@ def engine_command(
     if draft_model:
         argv += ["--draft-model", draft_model, "--spec-threshold", repr(spec_threshold)]
     argv += ["--flash-attn", {True: "on", False: "off", None: "auto"}[flash_attn]]
+    argv += ["--device-sampling", {True: "on", False: "off", None: "auto"}[device_sampling]]
     if threads:
         argv += ["--threads", str(threads)]
     argv += ["--split-mode", split_mode, "--main-gpu", str(main_gpu)]

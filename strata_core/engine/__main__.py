@@ -90,6 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=eng.threads)
     ap.add_argument("--n-gpu-layers", type=int, default=0)
     ap.add_argument("--flash-attn", choices=["on", "off", "auto"], default="auto")
+    ap.add_argument("--device-sampling", choices=["on", "off", "auto"], default="auto",
+                    help="greedy tokens picked in the decode (llama.cpp's backend sampling); auto: on a GPU")  # fmt: skip
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--split-mode", choices=SPLIT_MODES, default=eng.split_mode, help="how the model spreads over GPUs")
     ap.add_argument("--tensor-split", type=_proportions, help="each GPU's share, e.g. 3,1")
@@ -162,10 +164,11 @@ def load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         n_gpu_layers=args.n_gpu_layers, flash_attn=flash_attn, split_mode=split.split_mode,
         tensor_split=tuple(split.tensor_split or ()), main_gpu=split.main_gpu,
         cache_types=(args.cache_type_k, args.cache_type_v), loras=loras,
+        device_greedy={"on": True, "off": False}.get(args.device_sampling), outputs_per_seq=args.spec_k + 1,
     )  # fmt: skip
     llama, drafter = Llama(opts), None
     if args.draft_model:
-        draft = Llama(dataclasses.replace(opts, path=args.draft_model, loras=()))
+        draft = Llama(dataclasses.replace(opts, path=args.draft_model, loras=(), device_greedy=False))
         check_shared_vocab(llama, draft, args.draft_model)
         draft.warm_up()
         drafter = DraftModel(draft, args.spec_threshold)
@@ -207,6 +210,7 @@ def ready(args: argparse.Namespace, llama: Any, drafter: Any, projector: Any) ->
             "slots": args.parallel,
             **({"parallel_fit": args.fit} if getattr(args, "fit", None) else {}),
             "n_batch": llama.n_batch,
+            "device_sampling": llama.device_greedy,
             "split": llama.split,
             "kv_cache": llama.kv_cache,
             "lora": [{"id": i, "path": p, "scale": llama.lora_scales[i]} for i, p in enumerate(args.lora)],

@@ -21,10 +21,10 @@ Emit = Callable[[proto.Event], None]
 
 
 class Emitter:
-    def __init__(self, llama: Llama, emit: Emit, observe: Callable[[Request, int], None]) -> None:
+    def __init__(self, llama: Llama, emit: Emit) -> None:
         self.llama = llama
         self.emit = emit
-        self.observe = observe  # every emitted token, for speculation to learn from
+        self.observe: Callable[[Request, int], None] = lambda req, token: None  # every emitted token
         self.emitted = 0  # tokens emitted so far (the step trace counts them)
         self._eog: dict[int, bool] = {}  # llama.is_eog by token, asked once each
 
@@ -64,18 +64,18 @@ class Emitter:
             return False, None
         return True, mask
 
-    def accept(self, slot: Slot, row: np.ndarray, tok: int, mask: np.ndarray | None) -> int | None:
-        """Emit ``tok``, sampled from the logits ``row`` (under ``mask``) at the slot's next
-        position; the token, or None when it ended the request. A request's first row is
-        kept (``Slot.first``)."""
+    def accept(self, slot: Slot, row: np.ndarray | None, tok: int, mask: np.ndarray | None) -> int | None:
+        """Emit ``tok``, sampled from the logits ``row`` (under ``mask``; None: picked in the
+        decode) at the slot's next position; the token, or None when it ended the request.
+        A request's first row (or token) is kept (``Slot.first``)."""
         req = slot.req
         assert req is not None
         if req.budget is not None:
             tok = req.budget.next(tok)
         position = len(slot.cached)
-        if not req.generated and slot.first.get(position) is not row:
+        if not req.generated and (row is None or slot.first.get(position) is not row):
             slot.first.pop(position, None)
-            slot.first[position] = row.copy()  # last in order: the latest prompt's
+            slot.first[position] = tok if row is None else row.copy()  # last in order: the latest prompt's
             while len(slot.first) > FIRST_ROWS:
                 del slot.first[next(iter(slot.first))]
         if not req.t_first:
@@ -93,6 +93,7 @@ class Emitter:
         self.emitted += 1
         self.observe(req, tok)
         if req.logprobs is not None:
+            assert row is not None  # (a request with logprobs is never picked in the decode)
             self._logprobs(slot, row, tok, mask)
         req.generated += 1
         slot.last = tok

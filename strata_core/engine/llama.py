@@ -34,6 +34,10 @@ class ModelOptions:
     main_gpu: int = 0
     cache_types: tuple[str, str] = ("f16", "f16")  # the KV cache's (keys, values), config.CACHE_TYPES
     loras: tuple[tuple[str, float], ...] = ()  # LoRA adapters: (path, the scale requests get by default)
+    #: greedy rows' argmax computed by llama.cpp in the decode (its backend sampling), so
+    #: only their token leaves the device; None: on a GPU
+    device_greedy: bool | None = None
+    outputs_per_seq: int = 1  # most logits rows a sequence has in one decode (a window's)
 
 
 #: Each KV cache type's enum ggml_type value (ggml.h; the bindings lack BF16).
@@ -157,6 +161,9 @@ class Llama:
                 ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
             )
         cparams.type_k, cparams.type_v = (KV_TYPES[t] for t in opts.cache_types)
+        device_greedy = self.on_gpu if opts.device_greedy is None else opts.device_greedy
+        if device_greedy:  # sampling nodes are reserved per output a sequence may have
+            cparams.n_outputs_max_per_seq = max(1, opts.outputs_per_seq)
         ctx = ll.llama_init_from_model(model, cparams)
         if not ctx:
             types = f" with cache types {'/'.join(opts.cache_types)}" if opts.cache_types != ("f16", "f16") else ""
@@ -180,6 +187,10 @@ class Llama:
         #: what READY reports of the KV cache: its types and its bytes per slot
         self.kv_cache = {"type_k": opts.cache_types[0], "type_v": opts.cache_types[1],
                          "bytes_per_slot": self._kv_bytes_per_slot(*opts.cache_types)}  # fmt: skip
+        self._greedy_chains: list[Any] = [None] * self.n_seq  # alive while set: llama.cpp keeps a pointer
+        self._on_device = [False] * self.n_seq
+        #: whether a sequence's greedy rows may be picked in the decode (``greedy_on_device``)
+        self.device_greedy = device_greedy and self._init_device_greedy()
 
     # ---- LoRA adapters ----------------------------------------------------------------
 
@@ -209,6 +220,45 @@ class Llama:
         if ll.llama_set_adapters_lora(self.ctx, adapters, len(on), values) != 0:
             raise LlamaError(f"llama.cpp could not set the LoRA scales {scales}")
         self._lora_now = scales
+
+    # ---- greedy picks on the device ---------------------------------------------------
+
+    def _init_device_greedy(self) -> bool:
+        """Every sequence's greedy rows picked in the decode (``greedy_on_device``); False
+        where llama.cpp cannot (split mode tensor, a backend without the ops)."""
+        if not all(self.greedy_on_device(seq, True) for seq in range(self.n_seq)):
+            for seq in range(self.n_seq):
+                self.greedy_on_device(seq, False)
+            return False
+        return True
+
+    def greedy_on_device(self, seq: int, on: bool) -> bool:
+        """Pick ``seq``'s greedy rows in the decode (``on``: its rows carry their argmax,
+        ``sampled``, and when no row of a micro-batch belongs to a sequence without it, no
+        logits leave the device) or hand back their logits. A change makes llama.cpp plan
+        its graph again at the next decode. Whether it holds."""
+        if self._on_device[seq] == on:
+            return True
+        chain = self._greedy_chains[seq]
+        if on:  # a chain is set up for one context once: a fresh one each time
+            chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_greedy())
+        ok = bool(ll.llama_set_sampler(self.ctx, seq, chain if on else None))
+        if not on or not ok:  # llama.cpp no longer points at it
+            ll.llama_sampler_free(chain)
+            chain = None
+        self._greedy_chains[seq] = chain
+        self._on_device[seq] = on and ok
+        return ok
+
+    def sampled(self, rows: list[int], n: int) -> list[int]:
+        """The argmax llama.cpp computed for each output row in ``rows`` of the last
+        decode's ``n`` (rows of sequences with ``greedy_on_device``)."""
+        get, ctx = ll.llama_get_sampled_token_ith, self.ctx
+        tokens = [get(ctx, i - n) for i in rows]  # negative: counted in output rows
+        if min(tokens) < 0:
+            raise LlamaError(f"llama.cpp sampled no token for output row {rows[tokens.index(min(tokens))]}")
+        return tokens
 
     # ---- decoding -----------------------------------------------------------------
 

@@ -37,9 +37,10 @@ class Engine:
     ) -> None:  # fmt: skip
         self.llama = llama
         self.runner = Runner(llama, shape_costs, count_parts=trace is not None)
-        self.emitter = Emitter(llama, emit, self._observe)
+        self.emitter = Emitter(llama, emit)
         self.scheduler = Scheduler(llama, self.emitter, saved_bytes)
         self.spec = Speculator(llama, self.scheduler.slots, drafter, adaptive, shape_costs)
+        self.emitter.observe = self.spec.observe  # every emitted token, for the n-gram index
         self.trace = trace  # one record a step (timings, rows, micro-batches), when given
         self._step: dict[str, Any] | None = None  # the step that ran last, until timed
         self._t_step = 0.0  # when it started
@@ -98,7 +99,11 @@ class Engine:
         self._step = record
         self._emitted0 = self.emitter.emitted
         for slot in sched.cached_whole():
-            self.sample_one(slot, slot.first[len(slot.cached)])
+            kept = slot.first[len(slot.cached)]
+            if isinstance(kept, np.ndarray):
+                self.sample_one(slot, kept)
+            else:  # the token a decode picked (the request is argmax-only)
+                self.emitter.accept(slot, None, kept, None)
         budget = self.runner.capacity - sum(windows.rows(s) for s in decoding)
         chunks, firsts = sched.prefill(budget, decoding)
         self._prefill(chunks, firsts)
@@ -130,11 +135,17 @@ class Engine:
     def _sample_emit(self, slots: list[Slot], logits: np.ndarray) -> None:
         """One row each (in order): sample them in one call, then emit."""
         masks = [self.emitter.mask(s) for s in slots]
-        rows = [self._row(s, mask) if ok else None for s, (ok, mask) in zip(slots, masks, strict=True)]
+        rows = [self._row(s, mask) if ok and not s.device else None for s, (ok, mask) in zip(slots, masks, strict=True)]
         out = sample_rows(logits, rows)
+        self._picked(out, [i for i, s in enumerate(slots) if s.device], len(logits))
         for i, (slot, (ok, mask)) in enumerate(zip(slots, masks, strict=True)):
             if ok:
-                self.emit_row(slot, logits[i], out, i, mask)
+                self.emit_row(slot, None if slot.device else logits[i], out, i, mask)
+
+    def _picked(self, out: Sampled, rows: list[int], n: int) -> None:
+        """The tokens the decode picked at ``rows`` (of its ``n`` outputs), into ``out``."""
+        if rows:
+            out.tokens[rows] = self.llama.sampled(rows, n)
 
     def sample_one(self, slot: Slot, row: np.ndarray, chosen: int | None = None) -> int | None:
         """Sample one row for the slot (or take ``chosen``, drawn from it) and emit it."""
@@ -158,7 +169,7 @@ class Engine:
         history = (slot.cached + (ahead or []))[-params.penalty_last_n :]
         return Row(params, history, n + len(ahead or ()), 0, mask)
 
-    def emit_row(self, slot: Slot, row: np.ndarray, out: Sampled, i: int, mask: np.ndarray | None) -> int | None:
+    def emit_row(self, slot: Slot, row: np.ndarray | None, out: Sampled, i: int, mask: np.ndarray | None) -> int | None:
         if i in out.errors:  # nothing permitted: this request's problem, not the batch's
             grammar = mask is not None  # the grammar's mask left nothing: the caller's constraint
             self.emitter.fail(slot, f"{proto.GRAMMAR_REFUSED} {out.errors[i]}" if grammar else out.errors[i])
@@ -168,9 +179,6 @@ class Engine:
     @staticmethod
     def _lora(slot: Slot) -> tuple[float, ...] | None:
         return slot.req.lora if slot.req is not None else None
-
-    def _observe(self, req: Request, token: int) -> None:
-        self.spec.observe(req, token)
 
     def _timed(self, now: float) -> None:
         """Close the last step's record: its wall time runs to ``now`` (the next step's start,
@@ -191,9 +199,9 @@ class Engine:
         sample them: logits only live until the next decode."""
         t0 = time.perf_counter()
         drafts = windows.drafts
-        rows = [Rows(s.seq, [s.last, *drafts.get(s.seq, Proposal()).offered], len(s.cached))  # type: ignore[list-item]
+        rows = [Rows(s.seq, [s.last, *drafts[s.seq].offered] if s.seq in drafts else [s.last], len(s.cached))  # type: ignore[list-item]
                 for s in group]  # fmt: skip
-        fill = self.runner.gaps(self.slots, group, {s.seq: windows.rows(s) for s in group})
+        fill = self.runner.gaps(self.slots, group, windows.rows)
         self.llama.use_lora(self._lora(group[0]))  # a group shares its adapters: the scheduler's groups
         decoded = self.runner.decode(rows, fill)
         # On a GPU the step is still computing: index the last tokens meanwhile.
@@ -224,11 +232,17 @@ class Engine:
         row follows the tokens kept before it) or from the draft model samples row by row."""
         rows: list[Row | None] = [None] * len(logits)
         plan: list[tuple[Slot, Proposal | None, np.ndarray | None, bool]] = []  # slot, window, mask, sampled now
+        picked: list[int] = []  # rows whose token the decode picked
         for slot in group:
             req = slot.req
             assert req is not None and slot.last is not None
             slot.cached.append(slot.last)
             prop = drafts.get(slot.seq)
+            if slot.device:
+                plan.append((slot, prop, None, True))
+                at = first[slot.seq]
+                picked += range(at, at + 1 + (len(prop.tokens) if prop is not None else 0))
+                continue
             if prop is not None and (prop.q_rows is not None or req.grammar is not None):
                 plan.append((slot, prop, None, False))
                 continue
@@ -242,10 +256,15 @@ class Engine:
             rows[at] = self._row(slot, mask)
             for j in range(1, len(prop.tokens) + 1 if prop is not None else 1):
                 rows[at + j] = self._row(slot, None, prop.tokens[:j])  # type: ignore[union-attr]
-        out = sample_rows(logits, rows)
+        # (every row picked in the decode: nothing to sample)
+        out = sample_rows(logits, rows) if len(picked) < len(rows) else Sampled(np.full(len(rows), -1), {})
+        self._picked(out, picked, len(logits))
+        tokens, accept = out.tokens.tolist(), self.emitter.accept
         for slot, prop, mask, sampled in plan:
             at = first[slot.seq]
-            if prop is None:  # no window: the row's token, as judging it would emit
+            if prop is None and slot.device:  # the decode's pick (it is never refused)
+                accept(slot, None, tokens[at], None)
+            elif prop is None:  # no window: the row's token, as judging it would emit
                 self.emit_row(slot, logits[at], out, at, mask)
             elif sampled:
                 self.spec.judge(slot, prop, Presampled(self, slot, logits, at, out, mask))
@@ -265,8 +284,8 @@ class Presampled:
 
     def take(self, j: int, chosen: int | None = None) -> int | None:
         assert chosen is None
-        return self.engine.emit_row(self.slot, self._logits[self.at + j], self.out, self.at + j,
-                                     self.mask if j == 0 else None)  # fmt: skip
+        row = None if self.slot.device else self._logits[self.at + j]
+        return self.engine.emit_row(self.slot, row, self.out, self.at + j, self.mask if j == 0 else None)
 
 
 class Stepwise:

@@ -21,7 +21,7 @@ import numpy as np
 class Saved:
     tokens: list[int]
     state: np.ndarray  # uint8
-    first: dict[int, np.ndarray] = field(default_factory=dict)  # its slot's first-token rows (Slot.first)
+    first: dict[int, np.ndarray | int] = field(default_factory=dict)  # its slot's first-token rows (Slot.first)
 
 
 class SavedPrompts:
@@ -48,12 +48,12 @@ class SavedPrompts:
         self.entries.remove(entry)
         self.entries.append(entry)
 
-    def add(self, tokens: Sequence[int], state: np.ndarray, first: dict[int, np.ndarray] | None = None) -> None:
+    def add(self, tokens: Sequence[int], state: np.ndarray, first: dict[int, np.ndarray | int] | None = None) -> None:
         """Keep ``state`` for ``tokens`` (and the first-token rows of prompts it holds);
         entries it holds all of (a prefix of it) go, their rows joining its."""
         if state.nbytes > self.capacity:
             return
-        rows: dict[int, np.ndarray] = {}
+        rows: dict[int, np.ndarray | int] = {}
         for e in [e for e in self.entries if _starts_with(tokens, e.tokens)]:
             rows.update(e.first)
             self._drop(e)
@@ -70,7 +70,7 @@ class SavedPrompts:
 
 
 def _nbytes(entry: Saved) -> int:
-    return entry.state.nbytes + sum(row.nbytes for row in entry.first.values())
+    return entry.state.nbytes + sum(row.nbytes for row in entry.first.values() if isinstance(row, np.ndarray))
 
 
 def _starts_with(tokens: Sequence[int], prefix: Sequence[int]) -> bool:

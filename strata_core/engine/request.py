@@ -46,9 +46,13 @@ class Request:
     t_arrive: float = field(default_factory=time.perf_counter)
     t_first: float = 0.0
     plain: bool = field(init=False)  # greedy over the raw row, no grammar: an argmax
+    #: its tokens need nothing of a row but the argmax (no logprobs, no draft model's
+    #: verification): llama.cpp may pick them in the decode (Llama.greedy_on_device)
+    argmax_only: bool = field(init=False)
 
     def __post_init__(self) -> None:
         self.plain = self.params.plain and self.grammar is None
+        self.argmax_only = self.plain and self.logprobs is None and not self.spec_draft
 
 
 @dataclass
@@ -63,13 +67,21 @@ class Slot:
     spec_misses: int = 0  # draft model: windows in a row that accepted nothing
     #: by prompt length, the logits row that gave a request on this cache its first token,
     #: while the cache holds that prompt: the same prompt again samples its first token
-    #: from it, computing nothing and exactly as the first time
-    first: dict[int, np.ndarray] = field(default_factory=dict)
+    #: from it, computing nothing and exactly as the first time. Where the decode picked
+    #: it (``device``) only the token is known: it serves an argmax-only request alone.
+    first: dict[int, np.ndarray | int] = field(default_factory=dict)
+    device: bool = False  # its request's greedy rows are picked in the decode (``Request.argmax_only``)
 
     @property
     def decoding(self) -> bool:
         """Its request's prompt is in and a sampled token waits to be decoded."""
         return self.req is not None and self.last is not None and not self.pending
+
+    def first_for(self, req: Request, n: int) -> bool:
+        """Whether the first token of ``req``'s prompt of ``n`` tokens can come from what
+        ``first`` keeps."""
+        kept = self.first.get(n)
+        return kept is not None and (isinstance(kept, np.ndarray) or req.argmax_only)
 
     def clear(self) -> None:
         """The request leaves the slot (its cache stays)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -109,14 +110,17 @@ class Runner:
         """The last decode's logits rows (waiting for the device)."""
         return self.llama.outputs(self._outputs)
 
-    def gaps(self, slots: list[Slot], group: list[Slot], rows: dict[int, int]) -> dict[int, tuple[int, int, int]]:
+    def gaps(self, slots: list[Slot], group: list[Slot], rows_of: Callable[[Slot], int]) -> dict[int, tuple[int, int, int]]:
         """On a GPU, padding for the sequences between the group's first and last that are
         not in it (idle, prefilling, decoding alone): llama.cpp computes a run of consecutive
         sequences holding equal rows together, and a gap splits the step in two, neither of
         which replays a captured graph, so the step costs several plain ones
         (bench/results/2026-12-03-cuda-h200-micro-batches.md). Their rows are written past what the slot holds and trimmed
-        after the decode. ``rows``: each group slot's rows by sequence."""
-        if not self.shape_costs or not group or len(set(rows.values())) != 1:
+        after the decode. ``rows_of``: a group slot's rows."""
+        if not self.shape_costs or not group:
+            return {}
+        rows = {s.seq: rows_of(s) for s in group}
+        if len(set(rows.values())) != 1:
             return {}  # (unequal rows split the step anyway)
         (n,) = set(rows.values())
         seqs = {s.seq for s in group}

@@ -219,13 +219,16 @@ class Scheduler:
         # The first token comes from the row of the last prompt token: from the row kept
         # when this prompt gave a request its first token on this cache before (nothing
         # to compute), else from the prompt's last chunk, which computes that token too.
-        whole = not req.isolate and have >= len(prompt) and len(prompt) in slot.first
+        whole = not req.isolate and have >= len(prompt) and slot.first_for(req, len(prompt))
         keep = media_boundary(prompt, len(prompt) if whole else min(have, len(prompt) - 1), req.media)
         self.llama.seq_trim(slot.seq, keep)
         slot.cached = slot.cached[:keep]
         slot.first = {n: row for n, row in slot.first.items() if n <= keep}
         slot.pending = prompt[keep:-1]
         slot.req, slot.last = req, None if whole else prompt[-1]
+        slot.device = self.llama.device_greedy and req.argmax_only and self.llama.greedy_on_device(slot.seq, True)
+        if not slot.device:
+            self.llama.greedy_on_device(slot.seq, False)
         slot.reused = keep >= COPY_MIN_GAIN
         req.cached = keep
 

@@ -133,6 +133,10 @@ class EngineConfig(_Section):
     threads: int | None = Field(default=None, ge=1, le=1024)
     n_gpu_layers: int | None = Field(default=None, ge=-1)
     flash_attn: bool | None = None
+    #: Greedy tokens picked by llama.cpp inside the decode (its backend sampling), so that
+    #: only their ids leave the device, not a logits row each; a request with logprobs,
+    #: sampling, bias, penalties or a grammar still gets its rows. None: on a GPU.
+    device_sampling: bool | None = None
     devices: str | None = None
     #: How one model spreads over several GPUs (llama.cpp's ``--split-mode``): "none" (all
     #: on ``main_gpu``), "layer" (whole layers and their KV per GPU, in turn), "tensor" (each

@@ -54,6 +54,7 @@ class EngineProcess:
         flash_attn: bool | None = None, spec_adaptive: bool = SpeculativeConfig().adaptive,
         prompt_cache_mib: int = EngineConfig().prompt_cache_mib,
         cache_types: tuple[str, str] = ("f16", "f16"), mmproj: Path | None = None,
+        device_sampling: bool | None = None, spec_k: int = SpeculativeConfig().k,
     ) -> None:  # fmt: skip
         d = backend.engine_defaults()
         flash_attn = d.flash_attn if flash_attn is None else flash_attn
@@ -63,7 +64,8 @@ class EngineProcess:
             flash_attn=flash_attn, backend=backend.name,
             draft_model=str(draft_model) if draft_model else None, spec_threshold=spec_threshold,
             spec_adaptive=spec_adaptive, prompt_cache_mib=prompt_cache_mib, cache_types=cache_types,
-            mmproj=str(mmproj) if mmproj else None,
+            mmproj=str(mmproj) if mmproj else None, spec_k=spec_k,
+            device_sampling=load_config().engine.device_sampling if device_sampling is None else device_sampling,
         )  # fmt: skip
         self.proc = subprocess.Popen(
             list(cmd.argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
