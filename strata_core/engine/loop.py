@@ -241,7 +241,7 @@ class Engine:
             if slot.device:
                 plan.append((slot, prop, None, True))
                 at = first[slot.seq]
-                picked += range(at, at + 1 + (len(prop.tokens) if prop is not None else 0))
+                picked += range(at, at + 1 + (len(prop.offered) if prop is not None else 0))
                 continue
             if prop is not None and (prop.q_rows is not None or req.grammar is not None):
                 plan.append((slot, prop, None, False))
