@@ -49,8 +49,8 @@ class NoDevice:
         self.device_greedy = device_greedy
         self.argmax = [int(t) for t in np.argmax(self.rows, axis=1)]
 
-    def greedy_on_device(self, seq: int, on: bool) -> bool:
-        return self.device_greedy or not on
+    def greedy_on_device(self, seq: int, bias: tuple[tuple[int, float], ...] | None) -> bool:
+        return self.device_greedy or bias is None
 
     def sampled(self, rows: list[int], n: int) -> list[int]:
         return [self.argmax[i] for i in rows]

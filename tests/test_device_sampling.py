@@ -31,6 +31,10 @@ MIXED = [
     ("seeded", CHAT, {"max_tokens": 24, "temperature": 0.9, "seed": 7}),
     ("penalised", OTHER, {"max_tokens": 24, "penalty_repeat": 1.3}),
     ("ngram", LONG, {"max_tokens": 24, "spec": "ngram"}),
+    # greedy after a logit bias, also picked in the decode: ignore_eos's (-inf on the
+    # end-of-generation tokens) and one that moves the argmax
+    ("no-eos", OTHER, {"max_tokens": 24, "bias": "0:-inf,2:-inf,4:-inf"}),
+    ("biased", CHAT, {"max_tokens": 24, "bias": "28:6.5,30:-inf"}),
 ]
 
 
@@ -57,7 +61,10 @@ def transcript(engine: EngineProcess) -> dict[str, list[str]]:
     out = run_together(engine, MIXED)
     # the same prompt again: its first token from what the cache kept (on the device: the
     # token, not a row), then with logprobs, which needs the row the device did not send
-    for rid, keys in (("again", {"max_tokens": 16}), ("again-logprobs", {"max_tokens": 16, "logprobs": 2})):
+    # ... and under a bias, which must not take the first token picked without it
+    for rid, keys in (("again", {"max_tokens": 16}), ("again-logprobs", {"max_tokens": 16, "logprobs": 2}),
+                      ("again-biased", {"max_tokens": 16, "bias": "28:6.5,30:-inf"}),
+                      ("again-biased-2", {"max_tokens": 16, "bias": "28:6.5,30:-inf"})):  # fmt: skip
         out.update(run_together(engine, [(rid, CHAT, keys)]))
     out.update(run_together(engine, [(f"c{i}", p, {"max_tokens": 16}) for i, p in enumerate([CHAT, OTHER, LONG])]))
     return out
@@ -82,9 +89,11 @@ def test_the_same_events_as_the_host_argmax(transcripts: dict[bool, dict[str, li
     for rid in host:
         assert device[rid] == host[rid], rid
     # the runs are not trivially equal: the requests wrote different things
-    tokens = {rid: [line for line in lines if line.startswith("T ")] for rid, lines in host.items()}
+    tokens = {rid: [line.split()[2] for line in lines if line.startswith("T ")] for rid, lines in host.items()}
     assert len(tokens["plain"]) >= 8 and tokens["plain"] != tokens["seeded"] != tokens["penalised"]
-    assert any(line.startswith("LP ") for line in host["logprobs"])
+    assert tokens["biased"] != tokens["plain"] and "30" not in tokens["biased"]
+    assert tokens["again-biased"] == tokens["again-biased-2"]  # the second from the first's kept pick
+    assert any(line.startswith("LP ") for line in host["logprobs"]) and len(tokens["no-eos"]) == 24
 
 
 def test_off_by_default_on_the_cpu(cpu_engine: EngineBuild, default_model: Path) -> None:

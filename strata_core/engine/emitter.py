@@ -75,7 +75,8 @@ class Emitter:
         position = len(slot.cached)
         if not req.generated and (row is None or slot.first.get(position) is not row):
             slot.first.pop(position, None)
-            slot.first[position] = tok if row is None else row.copy()  # last in order: the latest prompt's
+            kept = (req.device_key, tok) if row is None else row.copy()
+            slot.first[position] = kept  # type: ignore[assignment]  # last in order: the latest prompt's
             while len(slot.first) > FIRST_ROWS:
                 del slot.first[next(iter(slot.first))]
         if not req.t_first:

@@ -188,7 +188,7 @@ class Llama:
         self.kv_cache = {"type_k": opts.cache_types[0], "type_v": opts.cache_types[1],
                          "bytes_per_slot": self._kv_bytes_per_slot(*opts.cache_types)}  # fmt: skip
         self._greedy_chains: list[Any] = [None] * self.n_seq  # alive while set: llama.cpp keeps a pointer
-        self._on_device = [False] * self.n_seq
+        self._on_device: list[tuple[tuple[int, float], ...] | None] = [None] * self.n_seq  # each one's bias
         #: whether a sequence's greedy rows may be picked in the decode (``greedy_on_device``)
         self.device_greedy = device_greedy and self._init_device_greedy()
 
@@ -226,29 +226,38 @@ class Llama:
     def _init_device_greedy(self) -> bool:
         """Every sequence's greedy rows picked in the decode (``greedy_on_device``); False
         where llama.cpp cannot (split mode tensor, a backend without the ops)."""
-        if not all(self.greedy_on_device(seq, True) for seq in range(self.n_seq)):
+        if not all(self.greedy_on_device(seq, ()) for seq in range(self.n_seq)):
             for seq in range(self.n_seq):
-                self.greedy_on_device(seq, False)
+                self.greedy_on_device(seq, None)
             return False
         return True
 
-    def greedy_on_device(self, seq: int, on: bool) -> bool:
-        """Pick ``seq``'s greedy rows in the decode (``on``: its rows carry their argmax,
-        ``sampled``, and when no row of a micro-batch belongs to a sequence without it, no
-        logits leave the device) or hand back their logits. A change makes llama.cpp plan
-        its graph again at the next decode. Whether it holds."""
-        if self._on_device[seq] == on:
+    def greedy_on_device(self, seq: int, bias: tuple[tuple[int, float], ...] | None) -> bool:
+        """Pick ``seq``'s rows in the decode as the argmax after adding ``bias`` ((id, value)
+        pairs; None: hand back the rows' logits instead). Such rows carry their token
+        (``sampled``), and when no row of a micro-batch belongs to a sequence without a
+        pick, no logits leave the device. A change makes llama.cpp plan its graph again at
+        the next decode. Whether it holds."""
+        if self._on_device[seq] == bias:
             return True
-        chain = self._greedy_chains[seq]
-        if on:  # a chain is set up for one context once: a fresh one each time
+        old = self._greedy_chains[seq]
+        chain = None
+        if bias is not None:  # a chain is set up for one context once: a fresh one each time
             chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+            if bias:
+                pairs = (ll.llama_logit_bias * len(bias))(*(ll.llama_logit_bias(t, v) for t, v in bias))
+                ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_logit_bias(self.n_vocab, len(bias), pairs))
             ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_greedy())
-        ok = bool(ll.llama_set_sampler(self.ctx, seq, chain if on else None))
-        if not on or not ok:  # llama.cpp no longer points at it
+        # Set, replaced or refused (llama.cpp then drops the sequence's sampler): either
+        # way the context no longer points at the old chain.
+        ok = bool(ll.llama_set_sampler(self.ctx, seq, chain))
+        if old is not None:
+            ll.llama_sampler_free(old)
+        if not ok and chain is not None:
             ll.llama_sampler_free(chain)
             chain = None
         self._greedy_chains[seq] = chain
-        self._on_device[seq] = on and ok
+        self._on_device[seq] = bias if ok else None
         return ok
 
     def sampled(self, rows: list[int], n: int) -> list[int]:

@@ -102,8 +102,8 @@ class Engine:
             kept = slot.first[len(slot.cached)]
             if isinstance(kept, np.ndarray):
                 self.sample_one(slot, kept)
-            else:  # the token a decode picked (the request is argmax-only)
-                self.emitter.accept(slot, None, kept, None)
+            else:  # the token a decode picked, under the request's own bias
+                self.emitter.accept(slot, None, kept[1], None)
         budget = self.runner.capacity - sum(windows.rows(s) for s in decoding)
         chunks, firsts = sched.prefill(budget, decoding)
         self._prefill(chunks, firsts)

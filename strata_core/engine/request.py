@@ -46,13 +46,18 @@ class Request:
     t_arrive: float = field(default_factory=time.perf_counter)
     t_first: float = 0.0
     plain: bool = field(init=False)  # greedy over the raw row, no grammar: an argmax
-    #: its tokens need nothing of a row but the argmax (no logprobs, no draft model's
-    #: verification): llama.cpp may pick them in the decode (Llama.greedy_on_device)
-    argmax_only: bool = field(init=False)
+    #: its tokens need nothing of a row but the argmax after a logit bias (greedy, no
+    #: allowed list, penalties, grammar, logprobs or draft model): llama.cpp may pick them
+    #: in the decode (Llama.greedy_on_device) with this bias, as sorted (id, bias) pairs
+    #: (empty: none); None where the rows are needed
+    device_key: tuple[tuple[int, float], ...] | None = field(init=False)
 
     def __post_init__(self) -> None:
-        self.plain = self.params.plain and self.grammar is None
-        self.argmax_only = self.plain and self.logprobs is None and not self.spec_draft
+        p = self.params
+        self.plain = p.plain and self.grammar is None
+        argmax = p.greedy and p.allowed is None and not p.penalised and self.grammar is None
+        needs_rows = self.logprobs is not None or self.spec_draft
+        self.device_key = tuple(sorted(p.bias.items())) if argmax and not needs_rows else None
 
 
 @dataclass
@@ -68,9 +73,10 @@ class Slot:
     #: by prompt length, the logits row that gave a request on this cache its first token,
     #: while the cache holds that prompt: the same prompt again samples its first token
     #: from it, computing nothing and exactly as the first time. Where the decode picked
-    #: it (``device``) only the token is known: it serves an argmax-only request alone.
-    first: dict[int, np.ndarray | int] = field(default_factory=dict)
-    device: bool = False  # its request's greedy rows are picked in the decode (``Request.argmax_only``)
+    #: it (``device``) only the token is known, kept with the bias it was picked under
+    #: (``Request.device_key``): it serves a request of that key alone.
+    first: dict[int, np.ndarray | tuple[tuple[tuple[int, float], ...], int]] = field(default_factory=dict)
+    device: bool = False  # its request's greedy rows are picked in the decode (``Request.device_key``)
 
     @property
     def decoding(self) -> bool:
@@ -81,7 +87,7 @@ class Slot:
         """Whether the first token of ``req``'s prompt of ``n`` tokens can come from what
         ``first`` keeps."""
         kept = self.first.get(n)
-        return kept is not None and (isinstance(kept, np.ndarray) or req.argmax_only)
+        return kept is not None and (isinstance(kept, np.ndarray) or kept[0] == req.device_key)
 
     def clear(self) -> None:
         """The request leaves the slot (its cache stays)."""

@@ -226,9 +226,8 @@ class Scheduler:
         slot.first = {n: row for n, row in slot.first.items() if n <= keep}
         slot.pending = prompt[keep:-1]
         slot.req, slot.last = req, None if whole else prompt[-1]
-        slot.device = self.llama.device_greedy and req.argmax_only and self.llama.greedy_on_device(slot.seq, True)
-        if not slot.device:
-            self.llama.greedy_on_device(slot.seq, False)
+        on_device = req.device_key if self.llama.device_greedy else None
+        slot.device = self.llama.greedy_on_device(slot.seq, on_device) and on_device is not None
         slot.reused = keep >= COPY_MIN_GAIN
         req.cached = keep
 
