@@ -105,3 +105,30 @@ def test_a_large_step_matches(plain_rows: int) -> None:
     out = sample_rows(x, rows)
     assert not out.errors
     assert out.tokens.tolist() == [sample(x[i], r.params, r.history, r.position) for i, r in enumerate(rows)]
+
+
+@st.composite
+def biased_steps(draw: st.DrawFn) -> tuple[np.ndarray, list[Row]]:
+    """Greedy rows under a logit bias only (their token is read off the raw argmax), with
+    ties, biases on and around the argmax, and rows with no finite logit."""
+    n = draw(st.integers(1, 6))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    x = (np.round(rng.normal(0.0, 1.0, (n, VOCAB)) * 2) / 2).astype(np.float32)
+    if draw(st.integers(0, 9)) == 0:
+        x[0] = -np.inf
+    rows = []
+    for i in range(n):
+        top = int(np.argmax(x[i]))
+        near = st.sampled_from([top, max(top - 1, 0), min(top + 1, VOCAB - 1), 0, VOCAB - 1]) | st.integers(0, VOCAB - 1)
+        bias = draw(st.dictionaries(near, st.sampled_from([-np.inf, -0.5, 0.0, 0.5, 1.0, 9.0]), min_size=1, max_size=5))
+        rows.append(Row(SamplingParams(bias=bias), (), i))
+    return x, rows
+
+
+@settings(max_examples=300, deadline=None)
+@given(biased_steps())
+def test_biased_greedy_rows_are_the_per_row_tokens(step: tuple[np.ndarray, list[Row]]) -> None:
+    x, rows = step
+    out = sample_rows(x, rows)
+    got = [out.errors[i] if i in out.errors else int(out.tokens[i]) for i in range(len(rows))]
+    assert got == [_one(x[i], r) for i, r in enumerate(rows)]

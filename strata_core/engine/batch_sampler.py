@@ -13,7 +13,7 @@ beside it (tests/test_batch_sampler.py checks this row by row).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -50,15 +50,42 @@ def sample_rows(logits: np.ndarray, rows: Sequence[Row | None]) -> Sampled:
     tokens = np.full(n, -1, np.int64)
     errors: dict[int, str] = {}
     plain = np.array([r is PLAIN or (r is not None and r.mask is None and r.params.plain) for r in rows], bool)
-    count = int(plain.sum())
+    biased = np.array([r is not None and not plain[i] and _greedy_biased(r) for i, r in enumerate(rows)], bool)
+    raw = plain | biased  # rows that start from the raw argmax
+    count = int(raw.sum())
     if 2 * count >= n and count:  # the default request: one argmax over the raw rows
-        tokens[plain] = np.argmax(logits, axis=1)[plain]
+        tokens[raw] = np.argmax(logits, axis=1)[raw]
     elif count:  # few: a copy of their rows costs less than an argmax over all
-        tokens[plain] = np.argmax(logits[plain], axis=1)
-    rest = np.fromiter((i for i, r in enumerate(rows) if r is not None and not plain[i]), np.intp)
+        tokens[raw] = np.argmax(logits[raw], axis=1)
+    for i in np.flatnonzero(biased):
+        r = rows[i]
+        assert r is not None
+        tokens[i] = _biased_argmax(logits[i], int(tokens[i]), r.params.bias)
+    rest = np.fromiter((i for i, r in enumerate(rows) if r is not None and not plain[i] and tokens[i] < 0), np.intp)
     if rest.size:
         _adjusted_rows(logits, [r for i in rest if (r := rows[i]) is not None], rest, tokens, errors)
     return Sampled(tokens, errors)
+
+
+def _greedy_biased(r: Row) -> bool:
+    """Greedy over the raw row plus a logit bias, nothing else (``ignore_eos`` is such a bias)."""
+    p = r.params
+    return r.mask is None and p.greedy and p.allowed is None and not p.penalised
+
+
+def _biased_argmax(x: np.ndarray, m: int, bias: Mapping[int, float]) -> int:
+    """argmax(x + bias) from the raw argmax ``m`` of ``x`` without touching the row: only
+    the biased ids can overtake ``m`` (ties to the lower id, as np.argmax); -1 where the
+    bias moves ``m`` itself or the row has no finite logit (the whole chain decides)."""
+    best = x[m]
+    if m in bias or best == -np.inf:
+        return -1
+    pick = m
+    for t, b in bias.items():
+        y = x[t] + F32(b)
+        if y > best or (y == best and t < pick):
+            best, pick = y, t
+    return pick
 
 
 def _adjusted_rows(
