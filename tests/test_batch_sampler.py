@@ -68,7 +68,11 @@ def _one(logits: np.ndarray, r: Row) -> int | str:
 @settings(max_examples=300, deadline=None)
 @given(steps())
 def test_batched_rows_are_the_per_row_tokens(step: tuple[np.ndarray, list[Row]]) -> None:
-    x, rows = step
+    _per_row(*step)
+
+
+def _per_row(x: np.ndarray, rows: list[Row]) -> None:
+    """The batch's token (or error) for each row is sample's for that row alone."""
     out = sample_rows(x, rows)
     got = [out.errors[i] if i in out.errors else int(out.tokens[i]) for i in range(len(rows))]
     assert got == [_one(x[i], r) for i, r in enumerate(rows)]
@@ -128,7 +132,4 @@ def biased_steps(draw: st.DrawFn) -> tuple[np.ndarray, list[Row]]:
 @settings(max_examples=300, deadline=None)
 @given(biased_steps())
 def test_biased_greedy_rows_are_the_per_row_tokens(step: tuple[np.ndarray, list[Row]]) -> None:
-    x, rows = step
-    out = sample_rows(x, rows)
-    got = [out.errors[i] if i in out.errors else int(out.tokens[i]) for i in range(len(rows))]
-    assert got == [_one(x[i], r) for i, r in enumerate(rows)]
+    _per_row(*step)

@@ -57,7 +57,7 @@ def sample_rows(logits: np.ndarray, rows: Sequence[Row | None]) -> Sampled:
         tokens[raw] = np.argmax(logits, axis=1)[raw]
     elif count:  # few: a copy of their rows costs less than an argmax over all
         tokens[raw] = np.argmax(logits[raw], axis=1)
-    for i in np.flatnonzero(biased):
+    for i in np.flatnonzero(biased).tolist():
         r = rows[i]
         assert r is not None
         tokens[i] = _biased_argmax(logits[i], int(tokens[i]), r.params.bias)
