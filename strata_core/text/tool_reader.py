@@ -7,9 +7,9 @@ chunk boundary):
   the start of a marker is held until it is decided.
 * At a marker the calls block is read as it comes: each call becomes a first delta carrying
   index, id, type and name, then its arguments (JSON text) in fragments. A call becomes
-  known once its first parameter is complete (where the family writes the arguments on
-  their own: XML-style parameters, a notation of its own, a JSON object after the name),
-  else once it is whole; its arguments then stream a parameter at a time
+  known once its first parameter is complete (XML-style parameters, a notation of the
+  family's own, a JSON object after the name or inside a call object with the name, or a
+  list of those), else once it is whole; its arguments then stream a parameter at a time
   (``{"city": "Paris"``, ``, "days": 2``, ``}``), and the fragments join to exactly the
   arguments read whole.
 * A marker whose text turns out not to be calls is content, unchanged, except a calls block
@@ -164,7 +164,9 @@ class FormatParser:
         for r in seen:
             if r.end:  # read whole
                 known += [(r, n, a, True) for n, a in r.calls]
-            elif r.partial is not None:
+                continue
+            known += [(r, n, a, True) for n, a in r.early]  # a list's calls written so far
+            if r.partial is not None:
                 known.append((r, *r.partial, False))
         for j, (r, name, args, whole) in enumerate(known):
             text = as_json(args) if whole else as_json(args)[:-1]

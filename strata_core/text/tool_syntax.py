@@ -42,6 +42,7 @@ class Read:
     end: int = 0
     upto: int = 0  # how far the text was read so far
     partial: tuple[str, dict[str, Any]] | None = None  # the call being read: its arguments complete so far
+    early: list[tuple[str, Any]] = field(default_factory=list)  # calls of a list still being read, whole
 
 
 @dataclass
@@ -307,6 +308,46 @@ def call_of(obj: Any) -> tuple[str, Any] | None:
     return None
 
 
+_KEY = re.compile(r'\s*"((?:[^"\\]|\\.)*)"\s*:\s*')
+
+
+def _call_so_far(obj: str, keyed: bool) -> tuple[str, dict[str, Any], int] | None:
+    """A call object cut short (``{"name": "f", "arguments": {"a": 1, "b``): its name,
+    the members of its arguments complete so far (not none) and where they end."""
+    if not obj.startswith("{"):
+        return None
+    ends = item_ends(obj, ('"',))
+    try:
+        head = json.loads(obj[: ends[-1]] + "}", object_pairs_hook=first_wins) if ends else {}
+    except ValueError:
+        return None
+    name = next((head[k] for k in NAME_KEYS if isinstance(head.get(k), str)), None)
+    args = next((head[k] for k in ARGS_KEYS if k in head), None)
+    if name is not None and isinstance(args, dict):  # whole arguments, members after them to come
+        return (name, args, ends[-1]) if args else None
+    last = ends[-1] + 1 if ends else 1
+    m = _KEY.match(obj, last)
+    if m is None or not obj.startswith("{", m.end()):
+        return None
+    key = json.loads(f'"{m.group(1)}"')
+    if keyed:
+        name = key if not head else None
+    elif key not in ARGS_KEYS:
+        name = None
+    value = obj[m.end() :]
+    end = json_end(value, 0)
+    if end is not None:  # the arguments whole
+        try:
+            got: tuple[dict[str, Any], int] | None = (json.loads(value[:end], object_pairs_hook=first_wins), end)
+        except ValueError:
+            return None
+    else:
+        got = json_members(value)
+    if name is None or got is None or not got[0]:
+        return None
+    return name, got[0], m.end() + got[1]
+
+
 @dataclass(frozen=True)
 class Json:
     """A JSON value: ``args`` the arguments of the call named before it; ``call`` one call
@@ -330,6 +371,8 @@ class Json:
         so_far = json_members(text[at:end]) if self.what == "args" else None
         if so_far is not None and r.name is not None:  # the arguments complete so far stream
             r.partial, r.upto = (r.name, so_far[0]), at + so_far[1]
+        if end is None and self.what != "args":
+            self._so_far(text, at, r)
         if end is None:
             return FAIL if final else PARTIAL
         try:
@@ -347,6 +390,32 @@ class Json:
             return FAIL
         r.calls += [c for c in calls if c is not None]
         return end
+
+    def _so_far(self, text: str, at: int, r: Read) -> None:
+        """Of call objects cut short (one, or a list): the calls complete so far
+        (``r.early``) and the arguments complete so far of the one being written
+        (``r.partial``), so that they stream a parameter at a time."""
+        body = text[at:]
+        items = [(0, body)]
+        if body.startswith("["):
+            if self.what != "calls":
+                return
+            cuts = [0, *item_ends(body, ('"',))]
+            items = [(c + 1, body[c + 1 : d]) for c, d in zip(cuts, [*cuts[1:], len(body)], strict=True)]
+        for i, (start, item) in enumerate(items):
+            start, item = start + len(item) - len(item.lstrip()), item.strip()
+            if json_end(item, 0) is None and i == len(items) - 1:
+                got = _call_so_far(item, self.keyed)
+                if got is not None:
+                    r.partial, r.upto = (got[0], got[1]), at + start + got[2]
+                return
+            try:
+                call = call_of(json.loads(item, object_pairs_hook=first_wins))
+            except ValueError:
+                return
+            if call is None:
+                return
+            r.early.append(call)
 
     def _obj(self, c: Written) -> dict[str, Any]:
         if self.keyed:
