@@ -218,6 +218,26 @@ def test_the_grammar_accepts_the_templates_rendering(name: str, tokenizer: Any) 
 
 
 
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_a_forced_call_writes_only_the_declared_parameters(name: str, tokenizer: Any) -> None:
+    """The forcing grammar refuses a parameter the tool does not declare (its schema leaves
+    the object open; a small model invents keys until max_tokens otherwise)."""
+    template, setup = setup_of(name)
+    invented = [("get_weather", {"city": "Paris", "hours": 3})]
+    text = turn_text(template, setup.messages([assistant_turn(invented, [setup.new_id()])]), setup.tools(TOOLS))
+    assert text is not None and "hours" in text, name
+    assert not accepts(tokenizer, grammar_of(setup.format, [WEATHER], parallel=False), calls_block(setup, text)), name
+
+
+def test_a_call_objects_index_is_bounded(tokenizer: Any) -> None:
+    """Command R7B numbers its calls in the call object: digits, not a string of any length."""
+    _, setup = setup_of("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja")
+    grammar = grammar_of(setup.format, [WEATHER], parallel=False)
+    call = '<|START_ACTION|>[{"tool_call_id": "%s", "tool_name": "get_weather", "parameters": {"city": "Paris"}}]<|END_ACTION|>'
+    assert accepts(tokenizer, grammar, call % "0")
+    assert not accepts(tokenizer, grammar, call % "1234567")
+
+
 @pytest.mark.parametrize("name", ["Qwen3.5-4B.jinja", "MiniMax-M2.jinja", "GLM-4.7-Flash.jinja"])
 def test_a_forced_call_after_an_open_reasoning_block_closes_it_first(name: str, tokenizer: Any) -> None:
     """A template whose prompt leaves reasoning open: the forced turn closes the reasoning
@@ -229,16 +249,22 @@ def test_a_forced_call_after_an_open_reasoning_block_closes_it_first(name: str, 
     assert accepts(tokenizer, closed, close + "\n\n" + block), f"{name}:\n{closed}"
     assert not accepts(tokenizer, closed, block), "the fixture: the close marker must be required"
 
-def test_a_call_block_cut_short_after_calls_makes_no_content() -> None:
-    """A reply of calls that ran out of tokens mid-call: the calls stand, the fragment is
-    no content (it is markup); before any call, such text stays content."""
+def test_a_call_block_cut_short_makes_no_content() -> None:
+    """A reply that ran out of tokens mid-call: the calls before stand, the fragment is no
+    content (it is markup), also where no call came before it; a marker followed by what
+    can be no call stays content."""
     _, setup = setup_of("Qwen3-Coder.jinja")
     one = '<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>'
     cut = "\n<tool_call>\n<function=get_time>\n<parameter=zo"
     content, calls, _ = parse(setup.format, one + cut, [len(one) + 5])
     assert calls == [("get_time", {"zone": "UTC"})] and content == ""
     content, calls, _ = parse(setup.format, "Maybe " + cut, [])
-    assert calls == [] and content == "Maybe " + cut
+    assert calls == [] and content == "Maybe \n"
+    content, calls, _ = parse(setup.format, "Say <tool_call> twice: <tool_call>, then stop.", [])
+    assert calls == [] and content == "Say <tool_call> twice: <tool_call>, then stop."
+    _, gemma = setup_of("google-gemma-4-31B-it.jinja")  # its closing marker never came
+    content, calls, _ = parse(gemma.format, 'So <|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call>\n<', [])
+    assert calls == [] and content == "So "
 
 
 def test_a_forced_turn_makes_as_many_calls_as_tools_are_offered(tokenizer: Any) -> None:

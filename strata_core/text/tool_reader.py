@@ -13,7 +13,7 @@ chunk boundary):
   (``{"city": "Paris"``, ``, "days": 2``, ``}``), and the fragments join to exactly the
   arguments read whole.
 * A marker whose text turns out not to be calls is content, unchanged, except a calls block
-  cut short at the end of a reply that already made calls; markup the family writes that
+  cut short by the reply's end (max_tokens), which is markup; markup the family writes that
   is neither (``strip``) makes no text.
 """
 
@@ -125,7 +125,7 @@ class FormatParser:
             if got == PARTIAL:
                 self._stream(seen, out)
                 break
-            if isinstance(got, str) and final and self.calls:  # calls cut short by the reply's end
+            if isinstance(got, str) and final and self._cut_short():  # markup the reply's end broke off
                 self._cut(len(self._buf))
                 break
             if isinstance(got, str):  # not calls after all: the marker is content
@@ -133,6 +133,11 @@ class FormatParser:
                 continue
             self._take(got, out)
         return out
+
+    def _cut_short(self) -> bool:
+        """Whether the calls block at the buffer's start, unreadable at the reply's end,
+        would have gone on being read had the reply not ended there."""
+        return self.format.read_turn(self._buf, 0, False, self._props) == PARTIAL
 
     def _take(self, reads: list[Read], out: list[Event]) -> None:
         start = self._at

@@ -77,6 +77,38 @@ def lit_rule(text: str) -> str:
     return " ".join(f"{WS} {lark_str(p)}" for p in pieces) if pieces else '""'
 
 
+_SUBSCHEMAS = ("items", "additionalItems", "not", "if", "then", "else")
+_SCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions")
+
+
+def closed(schema: Any) -> Any:
+    """``schema`` with every object that lists its properties closed to others, where it
+    does not say: a forced call writes the parameters its tool declares, not keys of the
+    model's invention (a small model otherwise invents them until max_tokens). JSON
+    Schema leaves such objects open; llama.cpp's grammars close them too."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
+        out["additionalProperties"] = False
+    for key in _SUBSCHEMAS:
+        if key in out:
+            out[key] = closed(out[key])
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed(s) for s in out[key]]
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: closed(s) for k, s in out[key].items()}
+    return out
+
+
+def json_rule(schema: Any, style: dict[str, Any]) -> str:
+    """A JSON value of ``schema`` (objects closed, :func:`closed`) as a grammar says it."""
+    return "%json " + json.dumps({**closed(schema), "x-guidance": style}, ensure_ascii=False)
+
+
 @dataclass(frozen=True)
 class Lit:
     text: str  # as written; read with the whitespace around it free
@@ -348,6 +380,14 @@ def _call_so_far(obj: str, keyed: bool) -> tuple[str, dict[str, Any], int] | Non
     return name, got[0], m.end() + got[1]
 
 
+def _id_schema(fmt: str) -> dict[str, Any]:
+    """What a grammar lets the model write for a call object's id, written as ``fmt``: the
+    call's place (``{index}``) in digits, an id (``{id}``) as ids look; bounded, else a
+    small model writes digits until max_tokens."""
+    pattern = "[0-9]{1,2}" if fmt == "{index}" else "[A-Za-z0-9_-]{1,40}"
+    return {"type": "string", "pattern": f"^{pattern}$"}
+
+
 @dataclass(frozen=True)
 class Json:
     """A JSON value: ``args`` the arguments of the call named before it; ``call`` one call
@@ -433,11 +473,11 @@ class Json:
         if self.keyed:
             params = {"type": "object", "properties": {name: params}, "required": [name], "additionalProperties": False}
         elif self.what != "args":
-            props: dict[str, Any] = {k: {"type": "string"} for k in self.lead}
+            props: dict[str, Any] = {k: _id_schema(v) for k, v in self.lead.items()}
             props |= {self.keys[0]: {"const": name}, self.keys[1]: params}
-            props |= {k: {"type": "string"} for k in self.trail}
+            props |= {k: _id_schema(v) for k, v in self.trail.items()}
             params = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
-        value = "%json " + json.dumps({**params, "x-guidance": style}, ensure_ascii=False)
+        value = json_rule(params, style)
         return f"{WS} {value}"  # a list of calls: the format's grammar says the list
 
 
@@ -518,7 +558,7 @@ class Params:
                 stop = re.escape(t.strip()[:1] or "<").replace("/", "\\/")
                 value = f"/[^{stop}\\n]{{1,200}}/"
             else:
-                value = "%json " + json.dumps({**prop, "x-guidance": style}, ensure_ascii=False)
+                value = json_rule(prop, style)
             item = f"({lit_rule(h)} {lark_str(chr(10)) + '? ' if self.trim else ''}{value} {lit_rule(t)})"
             items.append(item if key in required else item + "?")
         return " ".join(items) or '""'
