@@ -326,6 +326,9 @@ def test_functionary_v32_content_channel() -> None:
             "", [("get_time", {"zone": "UTC"}), ("get_weather", {"city": "Paris"})]),
         'get_time\n{"zone": "UTC"}>>>all\nDone.': ("Done.", [("get_time", {"zone": "UTC"})]),
         "allow me": ("allow me", []),
+        # what its grammar lets a forced turn write: newlines around the name
+        '\n\nget_time\n\n{"zone": "UTC"}\n\nget_weather\n{"city": "Paris"}': (
+            "", [("get_time", {"zone": "UTC"}), ("get_weather", {"city": "Paris"})]),
     }  # fmt: skip
     for text, want in cases.items():
         assert reply(name, text)[1:] == want, text

@@ -152,7 +152,7 @@ class Name:
     pattern: str = r"(.+)"
 
     def read(self, text: str, at: int, r: Read, final: bool) -> int | str:
-        hit = _until(text, at, self.stops, final)
+        hit = _until(text, _ws(text, at), self.stops, final)  # a stop may be whitespace
         if isinstance(hit, str):
             return hit
         m = re.fullmatch(self.pattern, text[at : hit[0]].strip(), re.S)
