@@ -158,6 +158,24 @@ def test_arguments_stream_a_parameter_at_a_time(name: str) -> None:
     assert fragments[0].startswith("{") and not fragments[0].endswith("}"), fragments
 
 
+def test_a_list_of_call_objects_streams_each_call_as_it_is_written() -> None:
+    """Command R7B's calls are objects of one JSON list: the first is whole, and the second
+    under way, before the list closes."""
+    _, setup = setup_of("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja")
+    head = ('<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "get_weather", "parameters": {"city": "Paris"}}, '
+            '{"tool_call_id": "1", "tool_name": "get_time", "parameters": {"zone": "UTC", ')  # fmt: skip
+    p = reply_parser(setup.format, TOOLS)
+    deltas = [e for e in p.push(head) if not isinstance(e, str)]
+    assert [(d.index, d.name, d.arguments) for d in deltas] == [
+        (0, "get_weather", ""), (0, None, '{"city": "Paris"}'), (1, "get_time", ""), (1, None, '{"zone": "UTC"')]  # fmt: skip
+    rest = [e for e in p.push('"x": 1}}]<|END_ACTION|>') + p.flush() if not isinstance(e, str)]
+    assert [(d.index, d.arguments) for d in rest] == [(1, ', "x": 1}')]
+    # Command R+ ran out of tokens inside a call object: its complete parameters stand
+    _, plus = setup_of("CohereForAI-c4ai-command-r-plus-tool_use.jinja")
+    cut = 'Action:\n```json\n[\n    {\n        "tool_name": "get_weather",\n        "parameters": {"city": "Paris", "sky": "sun'
+    assert parse(plus.format, cut, [])[:2] == ("", [("get_weather", {"city": "Paris"})])
+
+
 def test_a_call_whose_markup_breaks_off_keeps_its_complete_parameters() -> None:
     """What streamed stands: the parameters complete before the markup broke off are the
     call, read whole or a character at a time; at the reply's end the rest is the broken
