@@ -280,6 +280,8 @@ def test_a_call_block_cut_short_makes_no_content() -> None:
     assert calls == [] and content == "Maybe \n"
     content, calls, _ = parse(setup.format, "Say <tool_call> twice: <tool_call>, then stop.", [])
     assert calls == [] and content == "Say <tool_call> twice: <tool_call>, then stop."
+    _, kimi = setup_of("Kimi-K2-Instruct.jinja")  # a closing marker with no block open
+    assert parse(kimi.format, "#\n<|tool_calls_section_end|><|tool_calls_section_end|>\nok", [3, 9])[:2] == ("#\n\nok", [])
     _, gemma = setup_of("google-gemma-4-31B-it.jinja")  # its closing marker never came
     content, calls, _ = parse(gemma.format, 'So <|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call>\n<', [])
     assert calls == [] and content == "So "

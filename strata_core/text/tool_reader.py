@@ -14,7 +14,7 @@ chunk boundary):
   arguments read whole.
 * A marker whose text turns out not to be calls is content, unchanged, except a calls block
   cut short by the reply's end (max_tokens), which is markup; markup the family writes that
-  is neither (``strip``) makes no text.
+  is neither (``strip``), and a block's closing marker with no block open, make no text.
 """
 
 from __future__ import annotations
@@ -59,6 +59,9 @@ class FormatParser:
         self._props = props_of(tools)
         self._new_id = new_id
         self._marks = fmt.markers()
+        # markup that makes no text: the family's own, and a calls block's closing marker
+        # written with no block open
+        self._strip = fmt.strip + ((fmt.close.strip(),) if fmt.close.strip() else ())
         self._buf = ""
         self.calls: list[ToolCall] = []
         self.spans: list[tuple[int, int]] = []  # where each calls block was, in the text pushed
@@ -108,16 +111,16 @@ class FormatParser:
             if not isinstance(got, str):
                 self._take(got, out)
         while self._buf:
-            hit = _earliest(self._buf, self._marks + self.format.strip)
+            hit = _earliest(self._buf, self._marks + self._strip)
             if hit is None:
-                hold = 0 if final else max(held_prefix(self._buf, m) for m in self._marks + self.format.strip)
+                hold = 0 if final else max(held_prefix(self._buf, m) for m in self._marks + self._strip)
                 if not final and not self._said and not self._buf[: len(self._buf) - hold].strip():
                     break  # leading whitespace waits: a call may follow it
                 self._say(self._cut(len(self._buf) - hold), out)
                 break
             at, mark = hit
             self._say(self._cut(at), out)
-            if mark in self.format.strip and mark not in self._marks:
+            if mark in self._strip and mark not in self._marks:
                 self._cut(len(mark))
                 continue
             seen = []
