@@ -127,13 +127,14 @@ def test_streamed_calls_have_openai_shape(name: str) -> None:
 
 def _family_read_templates() -> list[str]:
     """Templates whose family's calls the format reader reads (not tools.py's incremental
-    JSON parser), with the arguments on their own after the name: XML-style parameters,
-    a notation of the family's own (LFM2's Python calls, Gemma 4's objects) or a JSON
-    object (Mistral, Kimi K2, gpt-oss, DeepSeek R1, ...)."""
+    JSON parser): XML-style parameters, a notation of the family's own (LFM2's Python
+    calls, Gemma 4's objects), a JSON object after the name (Mistral, Kimi K2, gpt-oss,
+    DeepSeek R1, ...) or the name and the arguments in one JSON call object, or a list of
+    them (Command R, Apertus, Granite, Mistral Nemo, GigaChat, json-tags)."""
     from strata_core.text.tool_syntax import Json, Params, Raw
 
     def own(p: object) -> bool:
-        return isinstance(p, Params | Raw) or (isinstance(p, Json) and p.what == "args")
+        return isinstance(p, Params | Raw | Json)
 
     return [n for n in TEMPLATES if setup_of(n)[1].format.dialect is None and any(own(p) for p in setup_of(n)[1].format.call)]
 
@@ -155,6 +156,24 @@ def test_arguments_stream_a_parameter_at_a_time(name: str) -> None:
     p.flush()
     assert "".join(fragments) == p.calls[0].arguments, f"{name}: {fragments}"
     assert fragments[0].startswith("{") and not fragments[0].endswith("}"), fragments
+
+
+def test_a_list_of_call_objects_streams_each_call_as_it_is_written() -> None:
+    """Command R7B's calls are objects of one JSON list: the first is whole, and the second
+    under way, before the list closes."""
+    _, setup = setup_of("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja")
+    head = ('<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "get_weather", "parameters": {"city": "Paris"}}, '
+            '{"tool_call_id": "1", "tool_name": "get_time", "parameters": {"zone": "UTC", ')  # fmt: skip
+    p = reply_parser(setup.format, TOOLS)
+    deltas = [e for e in p.push(head) if not isinstance(e, str)]
+    assert [(d.index, d.name, d.arguments) for d in deltas] == [
+        (0, "get_weather", ""), (0, None, '{"city": "Paris"}'), (1, "get_time", ""), (1, None, '{"zone": "UTC"')]  # fmt: skip
+    rest = [e for e in p.push('"x": 1}}]<|END_ACTION|>') + p.flush() if not isinstance(e, str)]
+    assert [(d.index, d.arguments) for d in rest] == [(1, ', "x": 1}')]
+    # Command R+ ran out of tokens inside a call object: its complete parameters stand
+    _, plus = setup_of("CohereForAI-c4ai-command-r-plus-tool_use.jinja")
+    cut = 'Action:\n```json\n[\n    {\n        "tool_name": "get_weather",\n        "parameters": {"city": "Paris", "sky": "sun'
+    assert parse(plus.format, cut, [])[:2] == ("", [("get_weather", {"city": "Paris"})])
 
 
 def test_a_call_whose_markup_breaks_off_keeps_its_complete_parameters() -> None:
@@ -217,6 +236,26 @@ def test_the_grammar_accepts_the_templates_rendering(name: str, tokenizer: Any) 
 
 
 
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_a_forced_call_writes_only_the_declared_parameters(name: str, tokenizer: Any) -> None:
+    """The forcing grammar refuses a parameter the tool does not declare (its schema leaves
+    the object open; a small model invents keys until max_tokens otherwise)."""
+    template, setup = setup_of(name)
+    invented = [("get_weather", {"city": "Paris", "hours": 3})]
+    text = turn_text(template, setup.messages([assistant_turn(invented, [setup.new_id()])]), setup.tools(TOOLS))
+    assert text is not None and "hours" in text, name
+    assert not accepts(tokenizer, grammar_of(setup.format, [WEATHER], parallel=False), calls_block(setup, text)), name
+
+
+def test_a_call_objects_index_is_bounded(tokenizer: Any) -> None:
+    """Command R7B numbers its calls in the call object: digits, not a string of any length."""
+    _, setup = setup_of("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja")
+    grammar = grammar_of(setup.format, [WEATHER], parallel=False)
+    call = '<|START_ACTION|>[{"tool_call_id": "%s", "tool_name": "get_weather", "parameters": {"city": "Paris"}}]<|END_ACTION|>'
+    assert accepts(tokenizer, grammar, call % "0")
+    assert not accepts(tokenizer, grammar, call % "1234567")
+
+
 @pytest.mark.parametrize("name", ["Qwen3.5-4B.jinja", "MiniMax-M2.jinja", "GLM-4.7-Flash.jinja"])
 def test_a_forced_call_after_an_open_reasoning_block_closes_it_first(name: str, tokenizer: Any) -> None:
     """A template whose prompt leaves reasoning open: the forced turn closes the reasoning
@@ -228,16 +267,24 @@ def test_a_forced_call_after_an_open_reasoning_block_closes_it_first(name: str, 
     assert accepts(tokenizer, closed, close + "\n\n" + block), f"{name}:\n{closed}"
     assert not accepts(tokenizer, closed, block), "the fixture: the close marker must be required"
 
-def test_a_call_block_cut_short_after_calls_makes_no_content() -> None:
-    """A reply of calls that ran out of tokens mid-call: the calls stand, the fragment is
-    no content (it is markup); before any call, such text stays content."""
+def test_a_call_block_cut_short_makes_no_content() -> None:
+    """A reply that ran out of tokens mid-call: the calls before stand, the fragment is no
+    content (it is markup), also where no call came before it; a marker followed by what
+    can be no call stays content."""
     _, setup = setup_of("Qwen3-Coder.jinja")
     one = '<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>'
     cut = "\n<tool_call>\n<function=get_time>\n<parameter=zo"
     content, calls, _ = parse(setup.format, one + cut, [len(one) + 5])
     assert calls == [("get_time", {"zone": "UTC"})] and content == ""
     content, calls, _ = parse(setup.format, "Maybe " + cut, [])
-    assert calls == [] and content == "Maybe " + cut
+    assert calls == [] and content == "Maybe \n"
+    content, calls, _ = parse(setup.format, "Say <tool_call> twice: <tool_call>, then stop.", [])
+    assert calls == [] and content == "Say <tool_call> twice: <tool_call>, then stop."
+    _, kimi = setup_of("Kimi-K2-Instruct.jinja")  # a closing marker with no block open
+    assert parse(kimi.format, "#\n<|tool_calls_section_end|><|tool_calls_section_end|>\nok", [3, 9])[:2] == ("#\n\nok", [])
+    _, gemma = setup_of("google-gemma-4-31B-it.jinja")  # its closing marker never came
+    content, calls, _ = parse(gemma.format, 'So <|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call>\n<', [])
+    assert calls == [] and content == "So "
 
 
 def test_a_forced_turn_makes_as_many_calls_as_tools_are_offered(tokenizer: Any) -> None:
@@ -299,6 +346,9 @@ def test_functionary_v32_content_channel() -> None:
             "", [("get_time", {"zone": "UTC"}), ("get_weather", {"city": "Paris"})]),
         'get_time\n{"zone": "UTC"}>>>all\nDone.': ("Done.", [("get_time", {"zone": "UTC"})]),
         "allow me": ("allow me", []),
+        # what its grammar lets a forced turn write: newlines around the name
+        '\n\nget_time\n\n{"zone": "UTC"}\n\nget_weather\n{"city": "Paris"}': (
+            "", [("get_time", {"zone": "UTC"}), ("get_weather", {"city": "Paris"})]),
     }  # fmt: skip
     for text, want in cases.items():
         assert reply(name, text)[1:] == want, text

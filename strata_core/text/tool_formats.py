@@ -98,7 +98,7 @@ class ToolFormat:
         r = Read(props=props)
         got = read_parts(self.call, text, at, r, final)
         if got == FAIL and r.partial is not None:
-            r.calls, got = [r.partial], len(text) if final else r.upto
+            r.calls, got = [*r.early, r.partial], len(text) if final else r.upto
         if got != FAIL and seen is not None:
             seen.append(r)
         if isinstance(got, str):

@@ -10,7 +10,8 @@ import json
 import re
 from typing import Any
 
-from strata_core.text.tool_syntax import Written, first_wins, item_ends, lark_str
+from strata_core.text.grammars import JSON_STYLE
+from strata_core.text.tool_syntax import Written, first_wins, item_ends, json_rule, lark_str
 
 _JSON_NAMES = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
 
@@ -109,9 +110,7 @@ def _items(schema: Any, item: Any, sep: str) -> str:
 
 
 def _json_value(prop: Any) -> str:
-    from strata_core.text.grammars import JSON_STYLE
-
-    return "%json " + json.dumps({**prop, "x-guidance": JSON_STYLE}, ensure_ascii=False)
+    return json_rule(prop, JSON_STYLE)
 
 
 def python_grammar(name: str, schema: Any) -> str:

@@ -7,14 +7,14 @@ chunk boundary):
   the start of a marker is held until it is decided.
 * At a marker the calls block is read as it comes: each call becomes a first delta carrying
   index, id, type and name, then its arguments (JSON text) in fragments. A call becomes
-  known once its first parameter is complete (where the family writes the arguments on
-  their own: XML-style parameters, a notation of its own, a JSON object after the name),
-  else once it is whole; its arguments then stream a parameter at a time
+  known once its first parameter is complete (XML-style parameters, a notation of the
+  family's own, a JSON object after the name or inside a call object with the name, or a
+  list of those), else once it is whole; its arguments then stream a parameter at a time
   (``{"city": "Paris"``, ``, "days": 2``, ``}``), and the fragments join to exactly the
   arguments read whole.
 * A marker whose text turns out not to be calls is content, unchanged, except a calls block
-  cut short at the end of a reply that already made calls; markup the family writes that
-  is neither (``strip``) makes no text.
+  cut short by the reply's end (max_tokens), which is markup; markup the family writes that
+  is neither (``strip``), and a block's closing marker with no block open, make no text.
 """
 
 from __future__ import annotations
@@ -59,6 +59,9 @@ class FormatParser:
         self._props = props_of(tools)
         self._new_id = new_id
         self._marks = fmt.markers()
+        # markup that makes no text: the family's own, and a calls block's closing marker
+        # written with no block open
+        self._strip = fmt.strip + ((fmt.close.strip(),) if fmt.close.strip() else ())
         self._buf = ""
         self.calls: list[ToolCall] = []
         self.spans: list[tuple[int, int]] = []  # where each calls block was, in the text pushed
@@ -108,16 +111,16 @@ class FormatParser:
             if not isinstance(got, str):
                 self._take(got, out)
         while self._buf:
-            hit = _earliest(self._buf, self._marks + self.format.strip)
+            hit = _earliest(self._buf, self._marks + self._strip)
             if hit is None:
-                hold = 0 if final else max(held_prefix(self._buf, m) for m in self._marks + self.format.strip)
+                hold = 0 if final else max(held_prefix(self._buf, m) for m in self._marks + self._strip)
                 if not final and not self._said and not self._buf[: len(self._buf) - hold].strip():
                     break  # leading whitespace waits: a call may follow it
                 self._say(self._cut(len(self._buf) - hold), out)
                 break
             at, mark = hit
             self._say(self._cut(at), out)
-            if mark in self.format.strip and mark not in self._marks:
+            if mark in self._strip and mark not in self._marks:
                 self._cut(len(mark))
                 continue
             seen = []
@@ -125,7 +128,7 @@ class FormatParser:
             if got == PARTIAL:
                 self._stream(seen, out)
                 break
-            if isinstance(got, str) and final and self.calls:  # calls cut short by the reply's end
+            if isinstance(got, str) and final and self._cut_short():  # markup the reply's end broke off
                 self._cut(len(self._buf))
                 break
             if isinstance(got, str):  # not calls after all: the marker is content
@@ -133,6 +136,11 @@ class FormatParser:
                 continue
             self._take(got, out)
         return out
+
+    def _cut_short(self) -> bool:
+        """Whether the calls block at the buffer's start, unreadable at the reply's end,
+        would have gone on being read had the reply not ended there."""
+        return self.format.read_turn(self._buf, 0, False, self._props) == PARTIAL
 
     def _take(self, reads: list[Read], out: list[Event]) -> None:
         start = self._at
@@ -164,7 +172,9 @@ class FormatParser:
         for r in seen:
             if r.end:  # read whole
                 known += [(r, n, a, True) for n, a in r.calls]
-            elif r.partial is not None:
+                continue
+            known += [(r, n, a, True) for n, a in r.early]  # a list's calls written so far
+            if r.partial is not None:
                 known.append((r, *r.partial, False))
         for j, (r, name, args, whole) in enumerate(known):
             text = as_json(args) if whole else as_json(args)[:-1]

@@ -42,6 +42,7 @@ class Read:
     end: int = 0
     upto: int = 0  # how far the text was read so far
     partial: tuple[str, dict[str, Any]] | None = None  # the call being read: its arguments complete so far
+    early: list[tuple[str, Any]] = field(default_factory=list)  # calls of a list still being read, whole
 
 
 @dataclass
@@ -74,6 +75,38 @@ def lit_rule(text: str) -> str:
     inside it, between two tags) any little is allowed."""
     pieces = [p for p in re.split(r"\s+|(?<=>)(?=<)", text) if p]
     return " ".join(f"{WS} {lark_str(p)}" for p in pieces) if pieces else '""'
+
+
+_SUBSCHEMAS = ("items", "additionalItems", "not", "if", "then", "else")
+_SCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions")
+
+
+def closed(schema: Any) -> Any:
+    """``schema`` with every object that lists its properties closed to others, where it
+    does not say: a forced call writes the parameters its tool declares, not keys of the
+    model's invention (a small model otherwise invents them until max_tokens). JSON
+    Schema leaves such objects open; llama.cpp's grammars close them too."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
+        out["additionalProperties"] = False
+    for key in _SUBSCHEMAS:
+        if key in out:
+            out[key] = closed(out[key])
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed(s) for s in out[key]]
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: closed(s) for k, s in out[key].items()}
+    return out
+
+
+def json_rule(schema: Any, style: dict[str, Any]) -> str:
+    """A JSON value of ``schema`` (objects closed, :func:`closed`) as a grammar says it."""
+    return "%json " + json.dumps({**closed(schema), "x-guidance": style}, ensure_ascii=False)
 
 
 @dataclass(frozen=True)
@@ -119,7 +152,7 @@ class Name:
     pattern: str = r"(.+)"
 
     def read(self, text: str, at: int, r: Read, final: bool) -> int | str:
-        hit = _until(text, at, self.stops, final)
+        hit = _until(text, _ws(text, at), self.stops, final)  # a stop may be whitespace
         if isinstance(hit, str):
             return hit
         m = re.fullmatch(self.pattern, text[at : hit[0]].strip(), re.S)
@@ -307,6 +340,54 @@ def call_of(obj: Any) -> tuple[str, Any] | None:
     return None
 
 
+_KEY = re.compile(r'\s*"((?:[^"\\]|\\.)*)"\s*:\s*')
+
+
+def _call_so_far(obj: str, keyed: bool) -> tuple[str, dict[str, Any], int] | None:
+    """A call object cut short (``{"name": "f", "arguments": {"a": 1, "b``): its name,
+    the members of its arguments complete so far (not none) and where they end."""
+    if not obj.startswith("{"):
+        return None
+    ends = item_ends(obj, ('"',))
+    try:
+        head = json.loads(obj[: ends[-1]] + "}", object_pairs_hook=first_wins) if ends else {}
+    except ValueError:
+        return None
+    name = next((head[k] for k in NAME_KEYS if isinstance(head.get(k), str)), None)
+    args = next((head[k] for k in ARGS_KEYS if k in head), None)
+    if name is not None and isinstance(args, dict):  # whole arguments, members after them to come
+        return (name, args, ends[-1]) if args else None
+    last = ends[-1] + 1 if ends else 1
+    m = _KEY.match(obj, last)
+    if m is None or not obj.startswith("{", m.end()):
+        return None
+    key = json.loads(f'"{m.group(1)}"')
+    if keyed:
+        name = key if not head else None
+    elif key not in ARGS_KEYS:
+        name = None
+    value = obj[m.end() :]
+    end = json_end(value, 0)
+    if end is not None:  # the arguments whole
+        try:
+            got: tuple[dict[str, Any], int] | None = (json.loads(value[:end], object_pairs_hook=first_wins), end)
+        except ValueError:
+            return None
+    else:
+        got = json_members(value)
+    if name is None or got is None or not got[0]:
+        return None
+    return name, got[0], m.end() + got[1]
+
+
+def _id_schema(fmt: str) -> dict[str, Any]:
+    """What a grammar lets the model write for a call object's id, written as ``fmt``: the
+    call's place (``{index}``) in digits, an id (``{id}``) as ids look; bounded, else a
+    small model writes digits until max_tokens."""
+    pattern = "[0-9]{1,2}" if fmt == "{index}" else "[A-Za-z0-9_-]{1,40}"
+    return {"type": "string", "pattern": f"^{pattern}$"}
+
+
 @dataclass(frozen=True)
 class Json:
     """A JSON value: ``args`` the arguments of the call named before it; ``call`` one call
@@ -330,6 +411,8 @@ class Json:
         so_far = json_members(text[at:end]) if self.what == "args" else None
         if so_far is not None and r.name is not None:  # the arguments complete so far stream
             r.partial, r.upto = (r.name, so_far[0]), at + so_far[1]
+        if end is None and self.what != "args":
+            self._so_far(text, at, r)
         if end is None:
             return FAIL if final else PARTIAL
         try:
@@ -348,6 +431,32 @@ class Json:
         r.calls += [c for c in calls if c is not None]
         return end
 
+    def _so_far(self, text: str, at: int, r: Read) -> None:
+        """Of call objects cut short (one, or a list): the calls complete so far
+        (``r.early``) and the arguments complete so far of the one being written
+        (``r.partial``), so that they stream a parameter at a time."""
+        body = text[at:]
+        items = [(0, body)]
+        if body.startswith("["):
+            if self.what != "calls":
+                return
+            cuts = [0, *item_ends(body, ('"',))]
+            items = [(c + 1, body[c + 1 : d]) for c, d in zip(cuts, [*cuts[1:], len(body)], strict=True)]
+        for i, (start, item) in enumerate(items):
+            start, item = start + len(item) - len(item.lstrip()), item.strip()
+            if json_end(item, 0) is None and i == len(items) - 1:
+                got = _call_so_far(item, self.keyed)
+                if got is not None:
+                    r.partial, r.upto = (got[0], got[1]), at + start + got[2]
+                return
+            try:
+                call = call_of(json.loads(item, object_pairs_hook=first_wins))
+            except ValueError:
+                return
+            if call is None:
+                return
+            r.early.append(call)
+
     def _obj(self, c: Written) -> dict[str, Any]:
         if self.keyed:
             return {c.name: c.arguments}
@@ -364,11 +473,11 @@ class Json:
         if self.keyed:
             params = {"type": "object", "properties": {name: params}, "required": [name], "additionalProperties": False}
         elif self.what != "args":
-            props: dict[str, Any] = {k: {"type": "string"} for k in self.lead}
+            props: dict[str, Any] = {k: _id_schema(v) for k, v in self.lead.items()}
             props |= {self.keys[0]: {"const": name}, self.keys[1]: params}
-            props |= {k: {"type": "string"} for k in self.trail}
+            props |= {k: _id_schema(v) for k, v in self.trail.items()}
             params = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
-        value = "%json " + json.dumps({**params, "x-guidance": style}, ensure_ascii=False)
+        value = json_rule(params, style)
         return f"{WS} {value}"  # a list of calls: the format's grammar says the list
 
 
@@ -449,7 +558,7 @@ class Params:
                 stop = re.escape(t.strip()[:1] or "<").replace("/", "\\/")
                 value = f"/[^{stop}\\n]{{1,200}}/"
             else:
-                value = "%json " + json.dumps({**prop, "x-guidance": style}, ensure_ascii=False)
+                value = json_rule(prop, style)
             item = f"({lit_rule(h)} {lark_str(chr(10)) + '? ' if self.trim else ''}{value} {lit_rule(t)})"
             items.append(item if key in required else item + "?")
         return " ".join(items) or '""'
