@@ -171,6 +171,8 @@ def test_a_call_whose_markup_breaks_off_keeps_its_complete_parameters() -> None:
         "google-gemma-4-31B-it.jinja": '<|tool_call>call:get_weather{city:<|"|>Paris, (FR)<|"|>,days:',
         "LFM2-8B-A1B.jinja": "<|tool_call_start|>[get_weather(city='Paris, (FR)', days=",
         "Mistral-Small-3.2-24B-Instruct-2506.jinja": '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris, (FR)", "days": ',
+        # a JSON call object: its name, then the arguments complete so far
+        "GigaChat3-10B-A1.8B.jinja": 'function call<|role_sep|>\n{"name": "get_weather", "arguments": {"city": "Paris, (FR)", "days": ',
     }
     for name, text in cut_short.items():
         _, own = setup_of(name)

@@ -327,9 +327,12 @@ class Json:
         if text[at] not in "{[":
             return FAIL
         end = json_end(text, at)
-        so_far = json_members(text[at:end]) if self.what == "args" else None
-        if so_far is not None and r.name is not None:  # the arguments complete so far stream
-            r.partial, r.upto = (r.name, so_far[0]), at + so_far[1]
+        if self.what == "args":
+            so_far = json_members(text[at:end])
+            if so_far is not None and r.name is not None:  # the arguments complete so far stream
+                r.partial, r.upto = (r.name, so_far[0]), at + so_far[1]
+        elif self.what == "call" and end is None:
+            self._call_so_far(text, at, r)
         if end is None:
             return FAIL if final else PARTIAL
         try:
@@ -347,6 +350,15 @@ class Json:
             return FAIL
         r.calls += [c for c in calls if c is not None]
         return end
+
+    def _call_so_far(self, text: str, at: int, r: Read) -> None:
+        """A call object cut short (``{"name": "f", "arguments": {"a": 1, "b": ``): its
+        name and the arguments complete so far, as ``r.partial`` (they stream)."""
+        name, args = (re.escape(k) for k in self.keys)
+        m = re.compile(rf'\{{\s*"{name}"\s*:\s*"([^"\\]{{1,{MAX_FIELD}}})"\s*,\s*"{args}"\s*:\s*').match(text, at)
+        so_far = json_members(text[m.end() :]) if m else None
+        if m is not None and so_far is not None:
+            r.partial, r.upto = (m.group(1), so_far[0]), m.end() + so_far[1]
 
     def _obj(self, c: Written) -> dict[str, Any]:
         if self.keyed:
