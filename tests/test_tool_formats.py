@@ -230,6 +230,41 @@ def test_a_forced_call_after_an_open_reasoning_block_closes_it_first(name: str, 
     assert accepts(tokenizer, closed, close + "\n\n" + block), f"{name}:\n{closed}"
     assert not accepts(tokenizer, closed, block), "the fixture: the close marker must be required"
 
+@pytest.mark.parametrize("name", ["deepseek-ai-DeepSeek-V3.2.jinja", "Kimi-K3.jinja", "MiniMax-M3.jinja", "tencent-Hy3.jinja",
+                                  "GigaChat3.1-10B-A1.8B.jinja"])
+def test_an_exact_familys_forced_turn_is_written_as_its_template_writes_it(name: str, tokenizer: Any) -> None:
+    """Families whose templates write their markup one way: the forced turn may not pad it
+    with whitespace (a small model writes every newline it may until max_tokens), nor give
+    a tool parameters it does not have; the template's own rendering still passes."""
+    setup, text, _ = rendered(name)
+    assert setup.format.exact
+    block = calls_block(setup, text)
+    grammar = setup.format.grammar(TOOLS)
+    assert accepts(tokenizer, grammar, "\n\n" + block)
+    padded = block.replace(">", ">\n\n", 2)
+    assert padded != block and not accepts(tokenizer, grammar, padded), padded
+    if '"city": "Paris"' in block:  # JSON arguments
+        assert not accepts(tokenizer, grammar, block.replace('"city": "Paris"', '"city": "Paris", "zone": "x"'))
+
+
+@pytest.mark.parametrize("name", ["GigaChat3-10B-A1.8B.jinja", "GigaChat3.1-10B-A1.8B.jinja", "muse-glimmer.jinja"])
+def test_a_family_that_writes_one_call_a_turn_is_forced_to_one(name: str, tokenizer: Any) -> None:
+    setup, text, _ = rendered(name)
+    block = calls_block(setup, text)
+    assert accepts(tokenizer, setup.format.grammar(TOOLS), block)
+    assert not accepts(tokenizer, setup.format.grammar(TOOLS), block + block)
+
+
+def test_a_familys_marker_that_begins_no_call_makes_no_content() -> None:
+    """GigaChat 3.1's ``<|function_call|>`` before a copy of a tool's result: markup, not
+    content; the text after it stays."""
+    _, setup = setup_of("GigaChat3.1-10B-A1.8B.jinja")
+    text = '<|function_call|>{"temperature_c": 21}<|message_sep|>\n\nIt is sunny.'
+    for cuts in ([], list(range(1, len(text)))):
+        content, calls, _ = parse(setup.format, text, cuts)
+        assert calls == [] and content == '{"temperature_c": 21}\n\nIt is sunny.', cuts
+
+
 def test_a_call_block_cut_short_after_calls_makes_no_content() -> None:
     """A reply of calls that ran out of tokens mid-call: the calls stand, the fragment is
     no content (it is markup); before any call, such text stays content."""

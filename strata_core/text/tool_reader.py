@@ -14,7 +14,8 @@ chunk boundary):
   arguments read whole.
 * A marker whose text turns out not to be calls is content, unchanged, except a calls block
   cut short at the end of a reply that already made calls; markup the family writes that
-  is neither (``strip``) makes no text.
+  is neither (``strip``) makes no text, also where it is a marker (GigaChat's
+  ``<|function_call|>`` before a copy of a tool's result).
 """
 
 from __future__ import annotations
@@ -128,8 +129,10 @@ class FormatParser:
             if isinstance(got, str) and final and self.calls:  # calls cut short by the reply's end
                 self._cut(len(self._buf))
                 break
-            if isinstance(got, str):  # not calls after all: the marker is content
-                out.append(self._cut(len(mark)))
+            if isinstance(got, str):  # not calls after all: the marker is content, unless it is markup
+                text = self._cut(len(mark))
+                if mark not in self.format.strip:
+                    out.append(text)
                 continue
             self._take(got, out)
         return out

@@ -69,9 +69,13 @@ def lark_str(text: str) -> str:
 WS = "/[ \\t\\r\\n]{0,8}/"
 
 
-def lit_rule(text: str) -> str:
+def lit_rule(text: str, exact: bool = False) -> str:
     """A marker as a grammar says it: where the family may put whitespace (at its ends,
-    inside it, between two tags) any little is allowed."""
+    inside it, between two tags) any little is allowed; ``exact``: the family's templates
+    write it as here, and so must the model (a small one pads every place it may)."""
+    if exact:  # each run of whitespace a lexeme of its own; what precedes decides the leading run
+        runs = [lark_str(p) for p in re.split(r"(\s+)", text.lstrip()) if p]
+        return " ".join([WS] * (text[:1].isspace()) + runs) or '""'
     pieces = [p for p in re.split(r"\s+|(?<=>)(?=<)", text) if p]
     return " ".join(f"{WS} {lark_str(p)}" for p in pieces) if pieces else '""'
 
@@ -91,8 +95,8 @@ class Lit:
     def write(self, c: Written, tools: Mapping[str, Any]) -> str:
         return self.text
 
-    def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
-        return lit_rule(self.text)
+    def rule(self, name: str, schema: Any, style: dict[str, Any], exact: bool = False) -> str:
+        return lit_rule(self.text, exact)
 
 
 def _until(text: str, at: int, stops: Sequence[str], final: bool) -> tuple[int, int] | str:
@@ -134,9 +138,9 @@ class Name:
     def write(self, c: Written, tools: Mapping[str, Any]) -> str:
         return self.fmt.format(name=c.name, index=c.index)
 
-    def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
+    def rule(self, name: str, schema: Any, style: dict[str, Any], exact: bool = False) -> str:
         head, _, tail = self.fmt.partition("{name}")
-        parts = [lark_str(head)] if head else [WS]
+        parts = [lark_str(head)] if head else [] if exact else [WS]
         parts.append(lark_str(name))
         if "{index}" in tail:
             before, _, after = tail.partition("{index}")
@@ -165,7 +169,7 @@ class Id:
     def write(self, c: Written, tools: Mapping[str, Any]) -> str:
         return c.id
 
-    def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
+    def rule(self, name: str, schema: Any, style: dict[str, Any], exact: bool = False) -> str:
         return f"/{self.regex}/"
 
 
@@ -185,8 +189,8 @@ class Skip:
     def write(self, c: Written, tools: Mapping[str, Any]) -> str:
         return self.written
 
-    def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
-        return f"/{self.regex}/" if self.regex else lit_rule(self.written)
+    def rule(self, name: str, schema: Any, style: dict[str, Any], exact: bool = False) -> str:
+        return f"/{self.regex}/" if self.regex else lit_rule(self.written, exact)
 
 
 @dataclass(frozen=True)
@@ -206,8 +210,8 @@ class Opt:
     def write(self, c: Written, tools: Mapping[str, Any]) -> str:
         return write_parts(self.parts, c, tools)
 
-    def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
-        return f"({' '.join(p.rule(name, schema, style) for p in self.parts)})?"
+    def rule(self, name: str, schema: Any, style: dict[str, Any], exact: bool = False) -> str:
+        return f"({' '.join(p.rule(name, schema, style, exact) for p in self.parts)})?"
 
 
 def json_end(text: str, at: int) -> int | None:
@@ -371,8 +375,10 @@ class Json:
         value = c.arguments if self.what == "args" else self._obj(c)
         return json.dumps(value, ensure_ascii=False, indent=self.indent)
 
-    def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
+    def rule(self, name: str, schema: Any, style: dict[str, Any], exact: bool = False) -> str:
         params = schema or {"type": "object"}
+        if exact and "properties" in params and "additionalProperties" not in params:
+            params = {**params, "additionalProperties": False}  # the tool's parameters, no others
         if self.keyed:
             params = {"type": "object", "properties": {name: params}, "required": [name], "additionalProperties": False}
         elif self.what != "args":
@@ -381,7 +387,7 @@ class Json:
             props |= {k: {"type": "string"} for k in self.trail}
             params = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
         value = "%json " + json.dumps({**params, "x-guidance": style}, ensure_ascii=False)
-        return f"{WS} {value}"  # a list of calls: the format's grammar says the list
+        return value if exact else f"{WS} {value}"  # a list of calls: the format's grammar says the list
 
 
 def _value(raw: str, prop: Mapping[str, Any] | None, as_string: bool | None) -> Any:
@@ -448,7 +454,7 @@ class Params:
             out.append(self.fmt.replace("{key}", key).replace("{string}", string).replace("{value}", text))
         return "".join(out)
 
-    def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
+    def rule(self, name: str, schema: Any, style: dict[str, Any], exact: bool = False) -> str:
         props = (schema or {}).get("properties") or {}
         required = set((schema or {}).get("required") or ())
         head, _, tail = self.fmt.partition("{value}")
@@ -462,7 +468,7 @@ class Params:
                 value = f"/[^{stop}\\n]{{1,200}}/"
             else:
                 value = "%json " + json.dumps({**prop, "x-guidance": style}, ensure_ascii=False)
-            item = f"({lit_rule(h)} {lark_str(chr(10)) + '? ' if self.trim else ''}{value} {lit_rule(t)})"
+            item = f"({lit_rule(h, exact)} {lark_str(chr(10)) + '? ' if self.trim else ''}{value} {lit_rule(t, exact)})"
             items.append(item if key in required else item + "?")
         return " ".join(items) or '""'
 
@@ -504,7 +510,7 @@ class Raw:
     def write(self, c: Written, tools: Mapping[str, Any]) -> str:
         return self.encode(c)
 
-    def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
+    def rule(self, name: str, schema: Any, style: dict[str, Any], exact: bool = False) -> str:
         return self.grammar(name, schema)
 
 
@@ -524,6 +530,6 @@ def write_parts(parts: Sequence[Part], c: Written, tools: Mapping[str, Any]) -> 
     return "".join(p.write(c, tools) for p in parts)
 
 
-def rule_of(parts: Sequence[Part], name: str, schema: Any, flexible: bool = False) -> str:
+def rule_of(parts: Sequence[Part], name: str, schema: Any, flexible: bool = False, exact: bool = False) -> str:
     style = {"whitespace_flexible": True} if flexible else JSON_STYLE
-    return " ".join(r for r in (p.rule(name, schema, style) for p in parts) if r != '""') or '""'
+    return " ".join(r for r in (p.rule(name, schema, style, exact) for p in parts) if r != '""') or '""'
