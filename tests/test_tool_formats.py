@@ -255,6 +255,19 @@ def test_a_family_that_writes_one_call_a_turn_is_forced_to_one(name: str, tokeni
     assert not accepts(tokenizer, setup.format.grammar(TOOLS), block + block)
 
 
+def test_a_forced_turn_makes_no_more_calls_than_fit(tokenizer: Any) -> None:
+    """``most``: the calls that fit the tokens left (the server counts each as its tool's
+    example call costs); one at least, whatever parallel_tool_calls says."""
+    from strata_core.text.tool_formats import example_call
+
+    assert example_call(WEATHER).arguments == {"city": "Paris", "days": 2}
+    _, setup = setup_of("Qwen3-Coder.jinja")
+    one = '<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>'
+    assert accepts(tokenizer, setup.format.grammar(TOOLS, most=2), one + "\n" + one)
+    assert not accepts(tokenizer, setup.format.grammar(TOOLS, most=1), one + "\n" + one)
+    assert accepts(tokenizer, setup.format.grammar(TOOLS, most=1), one)
+
+
 def test_a_familys_marker_that_begins_no_call_makes_no_content() -> None:
     """GigaChat 3.1's ``<|function_call|>`` before a copy of a tool's result: markup, not
     content; the text after it stays."""

@@ -65,6 +65,19 @@ def most_calls(tools: int) -> int:
     return min(max(tools, MIN_CALLS), MAX_CALLS)
 
 
+#: A short value of each JSON type: what a call's parameters are estimated to cost.
+_EXAMPLES: dict[str, Any] = {"string": "Paris", "integer": 2, "number": 2.5, "boolean": True, "array": [], "object": {}}
+
+
+def example_call(tool: Mapping[str, Any]) -> Written:
+    """A call of ``tool`` with every parameter given a short value of its type: what one
+    call costs, to bound how many a forced turn may make in the tokens it has."""
+    fn = tool["function"]
+    props = (fn.get("parameters") or {}).get("properties") or {}
+    kind = {k: p.get("type") if isinstance(p.get("type"), str) else "string" for k, p in props.items()}
+    return Written(fn["name"], {k: _EXAMPLES.get(t, "") for k, t in kind.items()}, "a1B2c3D4e")
+
+
 @dataclass(frozen=True)
 class ToolFormat:
     name: str
@@ -160,11 +173,14 @@ class ToolFormat:
         body = self.sep.join(write_parts(self.call, c, tools or {}) for c in calls)
         return self.open + body + self.close
 
-    def grammar(self, tools: Sequence[Mapping[str, Any]], parallel: bool = True, close_think: bool = False) -> str:
+    def grammar(
+        self, tools: Sequence[Mapping[str, Any]], parallel: bool = True, close_think: bool = False, most: int = MAX_CALLS
+    ) -> str:
         """A Lark grammar (llguidance's) whose sentences are a turn of calls to ``tools``
-        (one call unless ``parallel``), written as this family writes them; ``close_think``:
-        the prompt left a reasoning block open, which the turn closes first (else the calls
-        would be written inside the reasoning)."""
+        (one call unless ``parallel``; at most ``most``: as many as fit the tokens left),
+        written as this family writes them; ``close_think``: the prompt left a reasoning
+        block open, which the turn closes first (else the calls would be written inside the
+        reasoning)."""
         listed = next((i for i, p in enumerate(self.call) if isinstance(p, Json) and p.what == "calls"), None)
         exact, ws = self.exact, "" if self.exact else WS
         call, before, after = self.call, "", ""
@@ -178,8 +194,8 @@ class ToolFormat:
             fn = tool["function"]
             alts.append(f"call{i}: {rule_of(call, fn['name'], fn.get('parameters'), self.flexible, exact)}")
         calls = " | ".join(f"call{i}" for i in range(len(tools)))
-        more = most_calls(len(tools)) - 1
-        parallel = parallel and not self.single
+        more = min(most_calls(len(tools)), most) - 1
+        parallel = parallel and not self.single and more > 0
         body = f"call ({sep} {ws} call){{0,{more}}}" if parallel else "call"
         head = lit_rule(self.open, exact) if self.open.strip() else ""
         if close_think:
