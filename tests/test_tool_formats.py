@@ -7,6 +7,7 @@ tests/test_tool_corpus_e2e.py."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -245,6 +246,11 @@ def test_an_exact_familys_forced_turn_is_written_as_its_template_writes_it(name:
     assert padded != block and not accepts(tokenizer, grammar, padded), padded
     if '"city": "Paris"' in block:  # JSON arguments
         assert not accepts(tokenizer, grammar, block.replace('"city": "Paris"', '"city": "Paris", "zone": "x"'))
+    else:  # an XML-style number: of bounded length
+        days = re.compile(r">2(?=[<\]])")  # the value, before the marker after it
+        assert days.search(block), block
+        assert accepts(tokenizer, grammar, days.sub(">-2026", block, 1))
+        assert not accepts(tokenizer, grammar, days.sub(">" + "1" * 17, block, 1))
 
 
 @pytest.mark.parametrize("name", ["GigaChat3-10B-A1.8B.jinja", "GigaChat3.1-10B-A1.8B.jinja", "muse-glimmer.jinja"])

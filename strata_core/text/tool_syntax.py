@@ -403,6 +403,10 @@ def _value(raw: str, prop: Mapping[str, Any] | None, as_string: bool | None) -> 
         return raw
 
 
+#: A number of a type with no other constraint, as a grammar says it: at most 16 digits.
+_NUMBERS = {"integer": "/-?(0|[1-9][0-9]{0,15})/", "number": "/-?(0|[1-9][0-9]{0,15})(\\.[0-9]{1,16})?/"}
+
+
 @dataclass(frozen=True)
 class Params:
     """XML-style parameters up to ``end`` (not consumed): each as ``fmt`` writes it
@@ -466,6 +470,8 @@ class Params:
             if string:
                 stop = re.escape(t.strip()[:1] or "<").replace("/", "\\/")
                 value = f"/[^{stop}\\n]{{1,200}}/"
+            elif exact and set(prop) <= {"type", "description", "title"} and prop.get("type") in _NUMBERS:
+                value = _NUMBERS[prop["type"]]  # a bare number, of bounded length (else digits run on)
             else:
                 value = "%json " + json.dumps({**prop, "x-guidance": style}, ensure_ascii=False)
             item = f"({lit_rule(h, exact)} {lark_str(chr(10)) + '? ' if self.trim else ''}{value} {lit_rule(t, exact)})"
