@@ -284,6 +284,18 @@ def test_a_familys_marker_that_begins_no_call_makes_no_content() -> None:
         assert calls == [] and content == '{"temperature_c": 21}\n\nIt is sunny.', cuts
 
 
+def test_a_message_header_before_no_call_makes_no_content() -> None:
+    """muse's ``to=RECIPIENT<|message|>`` heads a message: before a call it is the call's,
+    before anything else (the user's channel, a copy of a tool's output) it makes no text."""
+    _, setup = setup_of("muse-glimmer.jinja")
+    for text, content in ((" to=user<|message|>It is sunny.", "It is sunny."),
+                          ('to=get_weather<|message|><tool_output name="get_weather">', '<tool_output name="get_weather">'),
+                          ("Go to=the shop", "Go to=the shop")):  # fmt: skip
+        for cuts in ([], list(range(1, len(text)))):
+            got = parse(setup.format, text, cuts)
+            assert got[:2] == (content, []), (text, cuts, got[:2])
+
+
 def test_a_call_block_cut_short_after_calls_makes_no_content() -> None:
     """A reply of calls that ran out of tokens mid-call: the calls stand, the fragment is
     no content (it is markup); before any call, such text stays content."""

@@ -98,6 +98,7 @@ class ToolFormat:
     #: parameters (a small model pads every place it may)
     exact: bool = False
     single: bool = False  # its templates write one call a turn: a forced turn makes one
+    header: str = ""  # a message header a marker begins (a regex): markup, also where no call follows
 
     # ---- reading ----
 
@@ -279,7 +280,8 @@ FORMATS: tuple[ToolFormat, ...] = (
         Params("</atem:invoke>", '<atem:parameter name="{key}">{value}</atem:parameter>\n',
                r'<atem:parameter name="(?P<key>[^"]+)">(?P<value>.*?)</atem:parameter>'),
         Lit("</atem:invoke>\n"), Lit("</atem:function_calls>"),
-    ), strip=("<|eom|>", "<|start|>assistant"), exact=True, single=True),  # fmt: skip
+    ), strip=("<|eom|>", "<|start|>assistant"), exact=True, single=True,
+        header=r"to=[^\s<>]{1,256}<\|message\|>"),  # fmt: skip
     ToolFormat("minicpm", (
         Lit('<function name="'), Name(('">',)), Lit('">'),
         Params("</function>", '<param name="{key}">{value}</param>', r'<param name="(?P<key>[^"]+)">(?P<value>.*?)</param>'),

@@ -15,11 +15,13 @@ chunk boundary):
 * A marker whose text turns out not to be calls is content, unchanged, except a calls block
   cut short at the end of a reply that already made calls; markup the family writes that
   is neither (``strip``) makes no text, also where it is a marker (GigaChat's
-  ``<|function_call|>`` before a copy of a tool's result).
+  ``<|function_call|>`` before a copy of a tool's result), and so does a message header
+  (``header``: muse's ``to=RECIPIENT<|message|>``) where no call follows it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -130,8 +132,9 @@ class FormatParser:
                 self._cut(len(self._buf))
                 break
             if isinstance(got, str):  # not calls after all: the marker is content, unless it is markup
-                text = self._cut(len(mark))
-                if mark not in self.format.strip:
+                header = re.match(self.format.header, self._buf) if self.format.header else None
+                text = self._cut(header.end() if header else len(mark))
+                if header is None and mark not in self.format.strip:
                     out.append(text)
                 continue
             self._take(got, out)
