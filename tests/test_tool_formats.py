@@ -296,6 +296,15 @@ def test_a_message_header_before_no_call_makes_no_content() -> None:
             assert got[:2] == (content, []), (text, cuts, got[:2])
 
 
+def test_a_reasoning_tag_amid_a_glm_reply_makes_no_content() -> None:
+    """Laguna (the GLM format): a small model writes on past its turn's end, copying the
+    prompt's ``<think>`` / ``</think>``; they are markup, not content."""
+    _, setup = setup_of("poolside-Laguna-XS.2.jinja")
+    text = "It is sunny.\n</assistant>\n<assistant>\n</think>\nWarm.<think>"
+    for cuts in ([], list(range(1, len(text)))):
+        assert parse(setup.format, text, cuts)[:2] == ("It is sunny.\n</assistant>\n<assistant>\n\nWarm.", []), cuts
+
+
 def test_a_call_block_cut_short_after_calls_makes_no_content() -> None:
     """A reply of calls that ran out of tokens mid-call: the calls stand, the fragment is
     no content (it is markup); before any call, such text stays content."""

@@ -251,7 +251,9 @@ FORMATS: tuple[ToolFormat, ...] = (
         Lit("</function>\n"), Lit("</seed:tool_call>"),
     ), sep="\n", think=("<seed:think>", "</seed:think>")),  # fmt: skip
     # GLM-4.6 / 4.7, Laguna, Ling, Spark: <tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>
-    ToolFormat("glm", (Lit("<tool_call>"), Name(("<arg_key>", "</tool_call>")), _GLM_PARAMS, Lit("</tool_call>")), sep="\n"),
+    # (a reasoning tag amid the content is markup a small model copied from the prompt)
+    ToolFormat("glm", (Lit("<tool_call>"), Name(("<arg_key>", "</tool_call>")), _GLM_PARAMS, Lit("</tool_call>")), sep="\n",
+               strip=THINK),
     ToolFormat("hunyuan", (
         Lit("<tool_call:opensource>"), Name(("<tool_sep:opensource>",)), Lit("<tool_sep:opensource>\n"),
         Params("</tool_call:opensource>",
