@@ -39,6 +39,9 @@ CASES = [
     ("<think>unfinished </thi", False, "unfinished </thi", ""),
     ("<thin", False, "", "<thin"),  # a partial tag that never completed
     ("<think>a</think>\n\n", False, "a", ""),
+    ("</think>\n\nThe answer is 4.", False, "", "The answer is 4."),  # an empty reasoning, closed at once
+    (" </think>4", True, "", "4"),
+    ("</thi", False, "", "</thi"),  # a partial tag that never completed
     ("", True, "", ""),
 ]
 

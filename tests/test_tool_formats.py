@@ -7,6 +7,7 @@ tests/test_tool_corpus_e2e.py."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -190,6 +191,8 @@ def test_a_call_whose_markup_breaks_off_keeps_its_complete_parameters() -> None:
         "google-gemma-4-31B-it.jinja": '<|tool_call>call:get_weather{city:<|"|>Paris, (FR)<|"|>,days:',
         "LFM2-8B-A1B.jinja": "<|tool_call_start|>[get_weather(city='Paris, (FR)', days=",
         "Mistral-Small-3.2-24B-Instruct-2506.jinja": '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris, (FR)", "days": ',
+        # a JSON call object: its name, then the arguments complete so far
+        "GigaChat3-10B-A1.8B.jinja": 'function call<|role_sep|>\n{"name": "get_weather", "arguments": {"city": "Paris, (FR)", "days": ',
     }
     for name, text in cut_short.items():
         _, own = setup_of(name)
@@ -266,6 +269,80 @@ def test_a_forced_call_after_an_open_reasoning_block_closes_it_first(name: str, 
     close = setup.format.think[1]
     assert accepts(tokenizer, closed, close + "\n\n" + block), f"{name}:\n{closed}"
     assert not accepts(tokenizer, closed, block), "the fixture: the close marker must be required"
+
+@pytest.mark.parametrize("name", ["deepseek-ai-DeepSeek-V3.2.jinja", "Kimi-K3.jinja", "MiniMax-M3.jinja", "tencent-Hy3.jinja",
+                                  "GigaChat3.1-10B-A1.8B.jinja"])
+def test_an_exact_familys_forced_turn_is_written_as_its_template_writes_it(name: str, tokenizer: Any) -> None:
+    """Families whose templates write their markup one way: the forced turn may not pad it
+    with whitespace (a small model writes every newline it may until max_tokens), nor give
+    a tool parameters it does not have; the template's own rendering still passes."""
+    setup, text, _ = rendered(name)
+    assert setup.format.exact
+    block = calls_block(setup, text)
+    grammar = setup.format.grammar(TOOLS)
+    assert accepts(tokenizer, grammar, "\n\n" + block)
+    padded = block.replace(">", ">\n\n", 2)
+    assert padded != block and not accepts(tokenizer, grammar, padded), padded
+    if '"city": "Paris"' in block:  # JSON arguments
+        assert not accepts(tokenizer, grammar, block.replace('"city": "Paris"', '"city": "Paris", "zone": "x"'))
+    else:  # an XML-style number: of bounded length
+        days = re.compile(r">2(?=[<\]])")  # the value, before the marker after it
+        assert days.search(block), block
+        assert accepts(tokenizer, grammar, days.sub(">-2026", block, 1))
+        assert not accepts(tokenizer, grammar, days.sub(">" + "1" * 17, block, 1))
+
+
+@pytest.mark.parametrize("name", ["GigaChat3-10B-A1.8B.jinja", "GigaChat3.1-10B-A1.8B.jinja", "muse-glimmer.jinja"])
+def test_a_family_that_writes_one_call_a_turn_is_forced_to_one(name: str, tokenizer: Any) -> None:
+    setup, text, _ = rendered(name)
+    block = calls_block(setup, text)
+    assert accepts(tokenizer, setup.format.grammar(TOOLS), block)
+    assert not accepts(tokenizer, setup.format.grammar(TOOLS), block + block)
+
+
+def test_a_forced_turn_makes_no_more_calls_than_fit(tokenizer: Any) -> None:
+    """``most``: the calls that fit the tokens left (the server counts each as its tool's
+    example call costs); one at least, whatever parallel_tool_calls says."""
+    from strata_core.text.tool_formats import example_call
+
+    assert example_call(WEATHER).arguments == {"city": "Paris", "days": 2}
+    _, setup = setup_of("Qwen3-Coder.jinja")
+    one = '<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>'
+    assert accepts(tokenizer, setup.format.grammar(TOOLS, most=2), one + "\n" + one)
+    assert not accepts(tokenizer, setup.format.grammar(TOOLS, most=1), one + "\n" + one)
+    assert accepts(tokenizer, setup.format.grammar(TOOLS, most=1), one)
+
+
+def test_a_familys_marker_that_begins_no_call_makes_no_content() -> None:
+    """GigaChat 3.1's ``<|function_call|>`` before a copy of a tool's result: markup, not
+    content; the text after it stays."""
+    _, setup = setup_of("GigaChat3.1-10B-A1.8B.jinja")
+    text = '<|function_call|>{"temperature_c": 21}<|message_sep|>\n\nIt is sunny.'
+    for cuts in ([], list(range(1, len(text)))):
+        content, calls, _ = parse(setup.format, text, cuts)
+        assert calls == [] and content == '{"temperature_c": 21}\n\nIt is sunny.', cuts
+
+
+def test_a_message_header_before_no_call_makes_no_content() -> None:
+    """muse's ``to=RECIPIENT<|message|>`` heads a message: before a call it is the call's,
+    before anything else (the user's channel, a copy of a tool's output) it makes no text."""
+    _, setup = setup_of("muse-glimmer.jinja")
+    for text, content in ((" to=user<|message|>It is sunny.", "It is sunny."),
+                          ('to=get_weather<|message|><tool_output name="get_weather">', '<tool_output name="get_weather">'),
+                          ("Go to=the shop", "Go to=the shop")):  # fmt: skip
+        for cuts in ([], list(range(1, len(text)))):
+            got = parse(setup.format, text, cuts)
+            assert got[:2] == (content, []), (text, cuts, got[:2])
+
+
+def test_a_reasoning_tag_amid_a_glm_reply_makes_no_content() -> None:
+    """Laguna (the GLM format): a small model writes on past its turn's end, copying the
+    prompt's ``<think>`` / ``</think>``; they are markup, not content."""
+    _, setup = setup_of("poolside-Laguna-XS.2.jinja")
+    text = "It is sunny.\n</assistant>\n<assistant>\n</think>\nWarm.<think>"
+    for cuts in ([], list(range(1, len(text)))):
+        assert parse(setup.format, text, cuts)[:2] == ("It is sunny.\n</assistant>\n<assistant>\n\nWarm.", []), cuts
+
 
 def test_a_call_block_cut_short_makes_no_content() -> None:
     """A reply that ran out of tokens mid-call: the calls before stand, the fragment is no

@@ -30,7 +30,7 @@ async def chat_completions(request: Request) -> Response:
     service.ready()
     with service.admission(req.n):
         prompt, shape = await service.chat_prompt(req)
-    grammar = service.tool_grammar(req, shape)
+    grammar = await service.tool_grammar(req, shape)
     return await respond(service, request, req, [prompt], "messages", shape=shape, grammar=grammar)
 
 

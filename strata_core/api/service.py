@@ -39,7 +39,7 @@ from strata_core.text.generic_tools import generic_grammar, generic_instruction,
 from strata_core.text.grammars import grammar_error, json_schema_grammar, llguidance_grammar
 from strata_core.text.reasoning import prompt_opens_think
 from strata_core.text.structured import Constraint
-from strata_core.text.tool_formats import ToolFormat
+from strata_core.text.tool_formats import MAX_CALLS, ToolFormat, example_call
 from strata_core.text.tool_setup import ToolSetup
 from strata_core.text.tools import Dialect
 
@@ -150,6 +150,8 @@ class Service:
     #: the closing marker a reasoning budget makes the engine write (tokenized once)
     #: a closing reasoning marker's token ids, by its text
     _think_close: dict[str, tuple[int, ...]] = field(default_factory=dict, init=False)
+    #: the tokens of a tool's example call in the family's format, by its text (calls_that_fit)
+    _call_costs: dict[str, int] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.metrics = Metrics(
@@ -322,7 +324,7 @@ class Service:
             reads = fmt.content_only() if fmt.lead else None
         return ChatShape(thinking, format=reads, think=fmt.think, tools=tools, new_id=setup.new_id)
 
-    def tool_grammar(
+    async def tool_grammar(
         self, req: ChatRequest, shape: ChatShape, format_param: str = "response_format"
     ) -> str | None:
         """The grammar option of a request with tools: forcing a call for tool_choice
@@ -358,7 +360,8 @@ class Service:
         tools = [t.template_view() for t in req.forced_tools()]
         parallel = req.parallel_tool_calls is not False
         if isinstance(setup, ToolSetup):
-            grammar = setup.format.grammar(tools, parallel=parallel, close_think=shape.thinking)
+            most = await self.calls_that_fit(setup.format, tools, max_new_tokens(req, self.config.sampling))
+            grammar = setup.format.grammar(tools, parallel=parallel, close_think=shape.thinking, most=most)
         else:
             grammar = generic_grammar(tools, parallel, text=mode == "auto")
         problem = grammar_error(llguidance_grammar("lark", grammar))
@@ -366,6 +369,22 @@ class Service:
             raise ApiError(400, f"the tools' parameters cannot be enforced: {problem}", param="tools",
                            code="invalid_value")  # fmt: skip
         return proto.encode_grammar("lark", grammar)
+
+    async def calls_that_fit(self, fmt: ToolFormat, tools: list[dict[str, Any]], budget: int | None) -> int:
+        """How many calls a forced turn may make in ``budget`` tokens: each counted as its
+        dearest tool's call costs, markers and short values included (a small model that
+        starts a call it has no room for ends at max_tokens, mid-call). At least one."""
+        if budget is None:
+            return MAX_CALLS
+        costs = []
+        for tool in tools:
+            text = fmt.write([example_call(tool)], {})
+            if text not in self._call_costs:
+                if len(self._call_costs) >= 1024:  # every request may bring tools of its own
+                    self._call_costs.clear()
+                self._call_costs[text] = len(await self.tokenize(text, add_bos=False))
+            costs.append(self._call_costs[text])
+        return max(1, budget // max(costs, default=1))
 
     def check_lengths(
         self, prompt: list[int], req: BaseRequest, param: str, limit_param: str | None = None
@@ -432,7 +451,8 @@ class Service:
         their names of the conversation, the token limit and the reply's format, for errors."""
         self.ready()
         prompt, shape = await self.chat_prompt(req)
-        grammar, constraint, grammar_param = self.constrain(req, self.tool_grammar(req, shape, format_param), format_param)
+        tool_grammar = await self.tool_grammar(req, shape, format_param)
+        grammar, constraint, grammar_param = self.constrain(req, tool_grammar, format_param)
         seed = resolve_seed(req.seed)
         max_new = self.check_lengths(prompt, req, param, limit_param)
         opts = self.options(req, seed=seed, max_tokens=max_new, grammar=grammar)

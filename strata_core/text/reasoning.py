@@ -8,7 +8,9 @@ Rules (tests/test_reasoning.py checks each, at every chunk boundary):
   starts with ``<think>`` after optional whitespace (a model that repeats the prompt's
   ``<think>`` is allowed to). Otherwise all of it is content.
 * The reasoning runs to the first ``</think>``; the tag and the whitespace after it make no
-  text. ``<think>`` itself (and whitespace before it) makes no text either.
+  text. ``<think>`` itself (and whitespace before it) makes no text either. A reply that
+  opens with ``</think>`` closes an empty reasoning (MiniMax M3 writes that prefix when it
+  chooses not to think): the tag makes no text.
 * A tag split across chunks is held back until it is decided, so a tag never reaches the
   content, and a held prefix that turns out not to be a tag is released unchanged.
 * Every piece is a slice of the text pushed so far, ``text[start:end]``, so the caller can
@@ -88,7 +90,11 @@ class ThinkSplitter:
             if rest.startswith(self._open):
                 self._drop(lead + len(self._open))
                 self._state, self.thinking = "think", True
-            elif not self._open.startswith(rest):  # not a tag (an empty rest waits)
+            elif rest.startswith(self._close):  # an empty reasoning, closed at once (MiniMax M3)
+                self.reasoning_end = self._at + lead
+                self._drop(lead + len(self._close))
+                self._state = "after"
+            elif not (self._open.startswith(rest) or self._close.startswith(rest)):  # not a tag (an empty rest waits)
                 self._begin()
         elif self._state == "think":
             cut = buf.find(self._close)

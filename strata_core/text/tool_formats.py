@@ -65,6 +65,19 @@ def most_calls(tools: int) -> int:
     return min(max(tools, MIN_CALLS), MAX_CALLS)
 
 
+#: A short value of each JSON type: what a call's parameters are estimated to cost.
+_EXAMPLES: dict[str, Any] = {"string": "Paris", "integer": 2, "number": 2.5, "boolean": True, "array": [], "object": {}}
+
+
+def example_call(tool: Mapping[str, Any]) -> Written:
+    """A call of ``tool`` with every parameter given a short value of its type: what one
+    call costs, to bound how many a forced turn may make in the tokens it has."""
+    fn = tool["function"]
+    props = (fn.get("parameters") or {}).get("properties") or {}
+    kind = {k: p.get("type") if isinstance(p.get("type"), str) else "string" for k, p in props.items()}
+    return Written(fn["name"], {k: _EXAMPLES.get(t, "") for k, t in kind.items()}, "a1B2c3D4e")
+
+
 @dataclass(frozen=True)
 class ToolFormat:
     name: str
@@ -80,6 +93,12 @@ class ToolFormat:
     hints: tuple[str, ...] = ()  # text of templates that never write calls themselves
     bare: bool = False  # the generation prompt wrote the call's marker: a reply may open with a call
     lead: str = ""  # what a reply opens with when plain content follows (markup, never shown)
+    #: the family's templates write its markup exactly as here: a forced turn does too,
+    #: whitespace only where the markup has it, and JSON arguments hold only the tool's
+    #: parameters (a small model pads every place it may)
+    exact: bool = False
+    single: bool = False  # its templates write one call a turn: a forced turn makes one
+    header: str = ""  # a message header a marker begins (a regex): markup, also where no call follows
 
     # ---- reading ----
 
@@ -155,13 +174,18 @@ class ToolFormat:
         body = self.sep.join(write_parts(self.call, c, tools or {}) for c in calls)
         return self.open + body + self.close
 
-    def grammar(self, tools: Sequence[Mapping[str, Any]], parallel: bool = True, close_think: bool = False) -> str:
+    def grammar(
+        self, tools: Sequence[Mapping[str, Any]], parallel: bool = True, close_think: bool = False, most: int = MAX_CALLS
+    ) -> str:
         """A Lark grammar (llguidance's) whose sentences are a turn of calls to ``tools``
-        (one call unless ``parallel``), written as this family writes them; ``close_think``:
-        the prompt left a reasoning block open, which the turn closes first (else the calls
-        would be written inside the reasoning)."""
+        (one call unless ``parallel``; at most ``most``: as many as fit the tokens left),
+        written as this family writes them; ``close_think``: the prompt left a reasoning
+        block open, which the turn closes first (else the calls would be written inside the
+        reasoning)."""
         listed = next((i for i, p in enumerate(self.call) if isinstance(p, Json) and p.what == "calls"), None)
-        call, before, after, sep = self.call, "", "", lit_rule(self.sep) if self.sep.strip() else ""
+        exact, ws = self.exact, "" if self.exact else WS
+        call, before, after = self.call, "", ""
+        sep = lit_rule(self.sep, exact) if self.sep.strip() or (exact and self.sep) else ""
         if listed is not None:  # the calls are items of one JSON list
             call, before = self.call[listed : listed + 1], rule_of(self.call[:listed], "", None)
             after = rule_of(self.call[listed + 1 :], "", None)
@@ -169,14 +193,17 @@ class ToolFormat:
         alts = []
         for i, tool in enumerate(tools):
             fn = tool["function"]
-            alts.append(f"call{i}: {rule_of(call, fn['name'], fn.get('parameters'), self.flexible)}")
+            alts.append(f"call{i}: {rule_of(call, fn['name'], fn.get('parameters'), self.flexible, exact)}")
         calls = " | ".join(f"call{i}" for i in range(len(tools)))
-        more = most_calls(len(tools)) - 1
-        body = f"call ({sep} {WS} call){{0,{more}}}" if parallel else "call"
-        head = lit_rule(self.open) if self.open.strip() else ""
+        more = min(most_calls(len(tools)), most) - 1
+        parallel = parallel and not self.single and more > 0
+        body = f"call ({sep} {ws} call){{0,{more}}}" if parallel else "call"
+        head = lit_rule(self.open, exact) if self.open.strip() else ""
         if close_think:
             head = f"{lit_rule(self.think[1])} {WS} {head}"
-        tail = lit_rule(self.close) if self.close.strip() else ""
+        if exact:  # what the prompt ends with decides the whitespace before the turn
+            head = f"{WS} {head}"
+        tail = lit_rule(self.close, exact) if self.close.strip() else ""
         if listed is not None:  # a list of the calls, or (MiniMax M1) the objects one after another
             bare = f"call (call){{0,{more}}}" if parallel else "call"
             lines = [f"start: {head} {before} {tail}", f"items: {body}", f"bare: {bare}"]
@@ -207,7 +234,7 @@ def _dsml(section: str) -> ToolFormat:
                    f'<{_DSML}parameter name="(?P<key>[^"]+)" string="(?P<string>true|false)">(?P<value>.*?)</{_DSML}parameter>'),
             Lit(f"</{_DSML}invoke>\n"),
         ),
-        open=f"<{_DSML}{section}>\n", close=f"</{_DSML}{section}>",
+        open=f"<{_DSML}{section}>\n", close=f"</{_DSML}{section}>", exact=True,
     )  # fmt: skip
 
 
@@ -224,7 +251,9 @@ FORMATS: tuple[ToolFormat, ...] = (
         Lit("</function>\n"), Lit("</seed:tool_call>"),
     ), sep="\n", think=("<seed:think>", "</seed:think>")),  # fmt: skip
     # GLM-4.6 / 4.7, Laguna, Ling, Spark: <tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>
-    ToolFormat("glm", (Lit("<tool_call>"), Name(("<arg_key>", "</tool_call>")), _GLM_PARAMS, Lit("</tool_call>")), sep="\n"),
+    # (a reasoning tag amid the content is markup a small model copied from the prompt)
+    ToolFormat("glm", (Lit("<tool_call>"), Name(("<arg_key>", "</tool_call>")), _GLM_PARAMS, Lit("</tool_call>")), sep="\n",
+               strip=THINK),
     ToolFormat("hunyuan", (
         Lit("<tool_call:opensource>"), Name(("<tool_sep:opensource>",)), Lit("<tool_sep:opensource>\n"),
         Params("</tool_call:opensource>",
@@ -232,7 +261,7 @@ FORMATS: tuple[ToolFormat, ...] = (
                r"<arg_key:opensource>(?P<key>.*?)</arg_key:opensource>\s*<arg_value:opensource>(?P<value>.*?)</arg_value:opensource>"),
         Lit("</tool_call:opensource>"),
     ), open="<tool_calls:opensource>\n", close="\n</tool_calls:opensource>", sep="\n",
-        think=("<think:opensource>", "</think:opensource>")),  # fmt: skip
+        think=("<think:opensource>", "</think:opensource>"), exact=True),  # fmt: skip
     ToolFormat("minimax-m2", (
         Lit('<invoke name="'), Name(('">',)), Lit('">\n'),
         Params("</invoke>", '<parameter name="{key}">{value}</parameter>\n',
@@ -244,16 +273,17 @@ FORMATS: tuple[ToolFormat, ...] = (
         Params(_MM3 + "</invoke>", _MM3 + "<{key}>{value}" + _MM3 + "</{key}>",
                r"\]<\]minimax\[>\[<(?P<key>[^>/]+)>(?P<value>.*?)\]<\]minimax\[>\[</(?P=key)>"),
         Lit(_MM3 + "</invoke>\n"),
-    ), open=_MM3 + "<tool_call>\n", close=_MM3 + "</tool_call>", think=("<mm:think>", "</mm:think>")),  # fmt: skip
+    ), open=_MM3 + "<tool_call>\n", close=_MM3 + "</tool_call>", think=("<mm:think>", "</mm:think>"), exact=True),  # fmt: skip
     _dsml("function_calls"),
     _dsml("tool_calls"),
     ToolFormat("atem", (
-        Lit(" to="), Name(("<|message|>",)), Lit("<|message|>"), Lit("<atem:function_calls>\n"),
+        Lit(" to="), Name(("<|message|>",), no_space=True), Lit("<|message|>"), Lit("<atem:function_calls>\n"),
         Lit('<atem:invoke name="'), Name(('">',)), Lit('">\n'),
         Params("</atem:invoke>", '<atem:parameter name="{key}">{value}</atem:parameter>\n',
                r'<atem:parameter name="(?P<key>[^"]+)">(?P<value>.*?)</atem:parameter>'),
         Lit("</atem:invoke>\n"), Lit("</atem:function_calls>"),
-    ), strip=("<|eom|>", "<|start|>assistant")),  # fmt: skip
+    ), strip=("<|eom|>", "<|start|>assistant"), exact=True, single=True,
+        header=r"to=[^\s<>]{1,256}<\|message\|>"),  # fmt: skip
     ToolFormat("minicpm", (
         Lit('<function name="'), Name(('">',)), Lit('">'),
         Params("</function>", '<param name="{key}">{value}</param>', r'<param name="(?P<key>[^"]+)">(?P<value>.*?)</param>'),
@@ -272,7 +302,7 @@ FORMATS: tuple[ToolFormat, ...] = (
         Lit("<|close|>call<|sep|>"),
     ), open="<|open|>tools<|sep|>", close="<|close|>tools<|sep|>",
         strip=("<|open|>response<|sep|>", "<|close|>response<|sep|>", "<|close|>message<|sep|>", "<|end_of_msg|>"),
-        think=("<|open|>think<|sep|>", "<|close|>think<|sep|>")),  # fmt: skip
+        think=("<|open|>think<|sep|>", "<|close|>think<|sep|>"), exact=True),  # fmt: skip
     # Mistral Small 3.2, Devstral, Ministral: [TOOL_CALLS]name[CALL_ID]id[ARGS]{...}
     ToolFormat("mistral", (
         Lit("[TOOL_CALLS]"), Name(("[CALL_ID]", "[ARGS]")),
@@ -292,7 +322,7 @@ FORMATS: tuple[ToolFormat, ...] = (
     ToolFormat("deepseek-r1", (
         Lit("<｜tool▁call▁begin｜>"), Skip(("<｜tool▁sep｜>",), "function"), Lit("<｜tool▁sep｜>"),
         Name(("\n", "```")), Lit("\n```json\n"), Json(), Lit("\n```"), Lit("<｜tool▁call▁end｜>"),
-    ), open="<｜tool▁calls▁begin｜>", close="<｜tool▁calls▁end｜>"),  # fmt: skip
+    ), open="<｜tool▁calls▁begin｜>", close="<｜tool▁calls▁end｜>", sep="\n", exact=True),  # fmt: skip
     ToolFormat("solar", (
         Lit("<|tool_call:begin|>"), Id(("<|tool_call:name|>",)), Lit("<|tool_call:name|>"),
         Name(("<|tool_call:args|>",)), Lit("<|tool_call:args|>"), Json(), Lit("<|tool_call:end|>"),
@@ -311,8 +341,10 @@ FORMATS: tuple[ToolFormat, ...] = (
     ToolFormat("json-tags", (Json("calls"),), open="<tool_calls>", close="</tool_calls>"),
     ToolFormat("nemotron-v2", (Json("calls"),), open="<TOOLCALL>", close="</TOOLCALL>"),
     ToolFormat("mistral-nemo", (Json("calls", trail={"id": "{id}"}),), open="[TOOL_CALLS]"),
-    ToolFormat("gigachat", (Json("call"),), open="<|function_call|>"),
-    ToolFormat("gigachat3", (Json("call"),), open="function call<|role_sep|>\n", strip=("<|message_sep|>",)),
+    ToolFormat("gigachat", (Json("call"),), open="<|function_call|>", strip=("<|function_call|>", "<|message_sep|>"), exact=True,
+               single=True),
+    ToolFormat("gigachat3", (Json("call"),), open="function call<|role_sep|>\n", strip=("<|message_sep|>",), exact=True,
+               single=True),
     ToolFormat("granite", (Json("calls"),), open="<|tool_call|>", hints=("<|tool_call|>",)),
     ToolFormat(
         "llama3", (Opt((Lit("<|python_tag|>"),)), Json("call", ("name", "parameters"))), starts=("<|python_tag|>", '{"name"'), sep="; ",

@@ -14,11 +14,15 @@ chunk boundary):
   arguments read whole.
 * A marker whose text turns out not to be calls is content, unchanged, except a calls block
   cut short by the reply's end (max_tokens), which is markup; markup the family writes that
-  is neither (``strip``), and a block's closing marker with no block open, make no text.
+  is neither (``strip``) makes no text, also where it is a marker (GigaChat's
+  ``<|function_call|>`` before a copy of a tool's result), and so do a block's closing marker
+  with no block open and a message header (``header``: muse's ``to=RECIPIENT<|message|>``)
+  where no call follows it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -131,8 +135,11 @@ class FormatParser:
             if isinstance(got, str) and final and self._cut_short():  # markup the reply's end broke off
                 self._cut(len(self._buf))
                 break
-            if isinstance(got, str):  # not calls after all: the marker is content
-                out.append(self._cut(len(mark)))
+            if isinstance(got, str):  # not calls after all: the marker is content, unless it is markup
+                header = re.match(self.format.header, self._buf) if self.format.header else None
+                text = self._cut(header.end() if header else len(mark))
+                if header is None and mark not in self.format.strip:
+                    out.append(text)
                 continue
             self._take(got, out)
         return out

@@ -70,9 +70,13 @@ def lark_str(text: str) -> str:
 WS = "/[ \\t\\r\\n]{0,8}/"
 
 
-def lit_rule(text: str) -> str:
+def lit_rule(text: str, exact: bool = False) -> str:
     """A marker as a grammar says it: where the family may put whitespace (at its ends,
-    inside it, between two tags) any little is allowed."""
+    inside it, between two tags) any little is allowed; ``exact``: the family's templates
+    write it as here, and so must the model (a small one pads every place it may)."""
+    if exact:  # each run of whitespace a lexeme of its own; what precedes decides the leading run
+        runs = [lark_str(p) for p in re.split(r"(\s+)", text.lstrip()) if p]
+        return " ".join([WS] * (text[:1].isspace()) + runs) or '""'
     pieces = [p for p in re.split(r"\s+|(?<=>)(?=<)", text) if p]
     return " ".join(f"{WS} {lark_str(p)}" for p in pieces) if pieces else '""'
 
@@ -124,8 +128,8 @@ class Lit:
     def write(self, c: Written, tools: Mapping[str, Any]) -> str:
         return self.text
 
-    def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
-        return lit_rule(self.text)
+    def rule(self, name: str, schema: Any, style: dict[str, Any], exact: bool = False) -> str:
+        return lit_rule(self.text, exact)
 
 
 def _until(text: str, at: int, stops: Sequence[str], final: bool) -> tuple[int, int] | str:
@@ -150,11 +154,13 @@ class Name:
     stops: tuple[str, ...]
     fmt: str = "{name}"
     pattern: str = r"(.+)"
+    no_space: bool = False  # holds no whitespace: text with some before a stop is no name
 
     def read(self, text: str, at: int, r: Read, final: bool) -> int | str:
-        hit = _until(text, _ws(text, at), self.stops, final)  # a stop may be whitespace
+        start = _ws(text, at)
+        hit = _until(text, start, self.stops, final)  # a stop may be whitespace
         if isinstance(hit, str):
-            return hit
+            return FAIL if self.no_space and hit == PARTIAL and re.search(r"\s", text[start:]) else hit
         m = re.fullmatch(self.pattern, text[at : hit[0]].strip(), re.S)
         if m is None or not m.group(1).strip():
             return FAIL
@@ -167,9 +173,9 @@ class Name:
     def write(self, c: Written, tools: Mapping[str, Any]) -> str:
         return self.fmt.format(name=c.name, index=c.index)
 
-    def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
+    def rule(self, name: str, schema: Any, style: dict[str, Any], exact: bool = False) -> str:
         head, _, tail = self.fmt.partition("{name}")
-        parts = [lark_str(head)] if head else [WS]
+        parts = [lark_str(head)] if head else [] if exact else [WS]
         parts.append(lark_str(name))
         if "{index}" in tail:
             before, _, after = tail.partition("{index}")
@@ -198,7 +204,7 @@ class Id:
     def write(self, c: Written, tools: Mapping[str, Any]) -> str:
         return c.id
 
-    def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
+    def rule(self, name: str, schema: Any, style: dict[str, Any], exact: bool = False) -> str:
         return f"/{self.regex}/"
 
 
@@ -218,8 +224,8 @@ class Skip:
     def write(self, c: Written, tools: Mapping[str, Any]) -> str:
         return self.written
 
-    def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
-        return f"/{self.regex}/" if self.regex else lit_rule(self.written)
+    def rule(self, name: str, schema: Any, style: dict[str, Any], exact: bool = False) -> str:
+        return f"/{self.regex}/" if self.regex else lit_rule(self.written, exact)
 
 
 @dataclass(frozen=True)
@@ -239,8 +245,8 @@ class Opt:
     def write(self, c: Written, tools: Mapping[str, Any]) -> str:
         return write_parts(self.parts, c, tools)
 
-    def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
-        return f"({' '.join(p.rule(name, schema, style) for p in self.parts)})?"
+    def rule(self, name: str, schema: Any, style: dict[str, Any], exact: bool = False) -> str:
+        return f"({' '.join(p.rule(name, schema, style, exact) for p in self.parts)})?"
 
 
 def json_end(text: str, at: int) -> int | None:
@@ -468,8 +474,10 @@ class Json:
         value = c.arguments if self.what == "args" else self._obj(c)
         return json.dumps(value, ensure_ascii=False, indent=self.indent)
 
-    def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
+    def rule(self, name: str, schema: Any, style: dict[str, Any], exact: bool = False) -> str:
         params = schema or {"type": "object"}
+        if exact and "properties" in params and "additionalProperties" not in params:
+            params = {**params, "additionalProperties": False}  # the tool's parameters, no others
         if self.keyed:
             params = {"type": "object", "properties": {name: params}, "required": [name], "additionalProperties": False}
         elif self.what != "args":
@@ -478,7 +486,7 @@ class Json:
             props |= {k: _id_schema(v) for k, v in self.trail.items()}
             params = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
         value = json_rule(params, style)
-        return f"{WS} {value}"  # a list of calls: the format's grammar says the list
+        return value if exact else f"{WS} {value}"  # a list of calls: the format's grammar says the list
 
 
 def _value(raw: str, prop: Mapping[str, Any] | None, as_string: bool | None) -> Any:
@@ -492,6 +500,10 @@ def _value(raw: str, prop: Mapping[str, Any] | None, as_string: bool | None) -> 
         return json.loads(raw)
     except ValueError:
         return raw
+
+
+#: A number of a type with no other constraint, as a grammar says it: at most 16 digits.
+_NUMBERS = {"integer": "/-?(0|[1-9][0-9]{0,15})/", "number": "/-?(0|[1-9][0-9]{0,15})(\\.[0-9]{1,16})?/"}
 
 
 @dataclass(frozen=True)
@@ -545,7 +557,7 @@ class Params:
             out.append(self.fmt.replace("{key}", key).replace("{string}", string).replace("{value}", text))
         return "".join(out)
 
-    def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
+    def rule(self, name: str, schema: Any, style: dict[str, Any], exact: bool = False) -> str:
         props = (schema or {}).get("properties") or {}
         required = set((schema or {}).get("required") or ())
         head, _, tail = self.fmt.partition("{value}")
@@ -557,9 +569,11 @@ class Params:
             if string:
                 stop = re.escape(t.strip()[:1] or "<").replace("/", "\\/")
                 value = f"/[^{stop}\\n]{{1,200}}/"
+            elif exact and set(prop) <= {"type", "description", "title"} and prop.get("type") in _NUMBERS:
+                value = _NUMBERS[prop["type"]]  # a bare number, of bounded length (else digits run on)
             else:
                 value = json_rule(prop, style)
-            item = f"({lit_rule(h)} {lark_str(chr(10)) + '? ' if self.trim else ''}{value} {lit_rule(t)})"
+            item = f"({lit_rule(h, exact)} {lark_str(chr(10)) + '? ' if self.trim else ''}{value} {lit_rule(t, exact)})"
             items.append(item if key in required else item + "?")
         return " ".join(items) or '""'
 
@@ -601,7 +615,7 @@ class Raw:
     def write(self, c: Written, tools: Mapping[str, Any]) -> str:
         return self.encode(c)
 
-    def rule(self, name: str, schema: Any, style: dict[str, Any]) -> str:
+    def rule(self, name: str, schema: Any, style: dict[str, Any], exact: bool = False) -> str:
         return self.grammar(name, schema)
 
 
@@ -621,6 +635,6 @@ def write_parts(parts: Sequence[Part], c: Written, tools: Mapping[str, Any]) -> 
     return "".join(p.write(c, tools) for p in parts)
 
 
-def rule_of(parts: Sequence[Part], name: str, schema: Any, flexible: bool = False) -> str:
+def rule_of(parts: Sequence[Part], name: str, schema: Any, flexible: bool = False, exact: bool = False) -> str:
     style = {"whitespace_flexible": True} if flexible else JSON_STYLE
-    return " ".join(r for r in (p.rule(name, schema, style) for p in parts) if r != '""') or '""'
+    return " ".join(r for r in (p.rule(name, schema, style, exact) for p in parts) if r != '""') or '""'
