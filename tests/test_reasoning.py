@@ -43,6 +43,8 @@ CASES = [
     (" </think>4", True, "", "4"),
     ("</thi", False, "", "</thi"),  # a partial tag that never completed
     ("", True, "", ""),
+    ("a<think>b</think>c", True, "ab", "c"),  # reasoning does not nest: the inner tag is markup
+    ("<think>a.</assistant><think>b", False, "a.</assistant>b", ""),  # written on past the turn
 ]
 
 

@@ -8,7 +8,9 @@ Rules (tests/test_reasoning.py checks each, at every chunk boundary):
   starts with ``<think>`` after optional whitespace (a model that repeats the prompt's
   ``<think>`` is allowed to). Otherwise all of it is content.
 * The reasoning runs to the first ``</think>``; the tag and the whitespace after it make no
-  text. ``<think>`` itself (and whitespace before it) makes no text either. A reply that
+  text. ``<think>`` itself (and whitespace before it) makes no text either, nor does a
+  ``<think>`` inside the reasoning (it does not nest: a small model that writes on past its
+  turn copies the prompt's tags). A reply that
   opens with ``</think>`` closes an empty reasoning (MiniMax M3 writes that prefix when it
   chooses not to think): the tag makes no text.
 * A tag split across chunks is held back until it is decided, so a tag never reaches the
@@ -97,14 +99,17 @@ class ThinkSplitter:
             elif not (self._open.startswith(rest) or self._close.startswith(rest)):  # not a tag (an empty rest waits)
                 self._begin()
         elif self._state == "think":
-            cut = buf.find(self._close)
-            if cut >= 0:
+            cut, again = buf.find(self._close), buf.find(self._open)
+            if again >= 0 and (cut < 0 or again < cut):  # an open tag inside: markup
+                self._take("reasoning", again, out)
+                self._drop(len(self._open))
+            elif cut >= 0:
                 self._take("reasoning", cut, out)
                 self.reasoning_end = self._at
                 self._drop(len(self._close))
                 self._state = "after"
             else:
-                self._take("reasoning", len(buf) - held_prefix(buf, self._close), out)
+                self._take("reasoning", len(buf) - max(held_prefix(buf, self._close), held_prefix(buf, self._open)), out)
         elif self._state == "after":
             lead = len(buf) - len(buf.lstrip())
             if lead < len(buf):
