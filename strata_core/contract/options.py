@@ -125,9 +125,14 @@ class SamplingParams:
         return self.penalty_last_n > 0 and not neutral
 
     @property
+    def biased_argmax(self) -> bool:
+        """Greedy over the raw row plus the logit bias, nothing else (``ignore_eos`` is a bias)."""
+        return self.greedy and self.allowed is None and not self.penalised
+
+    @property
     def plain(self) -> bool:
         """Greedy over the raw row: the default request, which pays for one argmax."""
-        return self.greedy and not self.bias and self.allowed is None and not self.penalised
+        return self.biased_argmax and not self.bias
 
 
 @dataclass(frozen=True)

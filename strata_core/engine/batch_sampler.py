@@ -50,7 +50,8 @@ def sample_rows(logits: np.ndarray, rows: Sequence[Row | None]) -> Sampled:
     tokens = np.full(n, -1, np.int64)
     errors: dict[int, str] = {}
     plain = np.array([r is PLAIN or (r is not None and r.mask is None and r.params.plain) for r in rows], bool)
-    biased = np.array([r is not None and not plain[i] and _greedy_biased(r) for i, r in enumerate(rows)], bool)
+    biased = np.array([r is not None and not plain[i] and r.mask is None and r.params.biased_argmax
+                       for i, r in enumerate(rows)], bool)  # fmt: skip
     raw = plain | biased  # rows that start from the raw argmax
     count = int(raw.sum())
     if 2 * count >= n and count:  # the default request: one argmax over the raw rows
@@ -65,12 +66,6 @@ def sample_rows(logits: np.ndarray, rows: Sequence[Row | None]) -> Sampled:
     if rest.size:
         _adjusted_rows(logits, [r for i in rest if (r := rows[i]) is not None], rest, tokens, errors)
     return Sampled(tokens, errors)
-
-
-def _greedy_biased(r: Row) -> bool:
-    """Greedy over the raw row plus a logit bias, nothing else (``ignore_eos`` is such a bias)."""
-    p = r.params
-    return r.mask is None and p.greedy and p.allowed is None and not p.penalised
 
 
 def _biased_argmax(x: np.ndarray, m: int, bias: Mapping[int, float]) -> int:

@@ -75,8 +75,10 @@ class Emitter:
         position = len(slot.cached)
         if not req.generated and (row is None or slot.first.get(position) is not row):
             slot.first.pop(position, None)
-            kept = (req.device_key, tok) if row is None else row.copy()
-            slot.first[position] = kept  # type: ignore[assignment]  # last in order: the latest prompt's
+            if row is not None:
+                slot.first[position] = row.copy()  # last in order: the latest prompt's
+            elif req.device_key is not None:  # (always, for a row picked in the decode)
+                slot.first[position] = (req.device_key, tok)
             while len(slot.first) > FIRST_ROWS:
                 del slot.first[next(iter(slot.first))]
         if not req.t_first:

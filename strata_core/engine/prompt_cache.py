@@ -13,16 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
+
+from strata_core.engine.request import FirstKept
 
 
 @dataclass
 class Saved:
     tokens: list[int]
     state: np.ndarray  # uint8
-    first: dict[int, Any] = field(default_factory=dict)  # its slot's first-token rows or picks (Slot.first)
+    first: dict[int, FirstKept] = field(default_factory=dict)  # its slot's first-token rows or picks (Slot.first)
 
 
 class SavedPrompts:
@@ -49,12 +50,12 @@ class SavedPrompts:
         self.entries.remove(entry)
         self.entries.append(entry)
 
-    def add(self, tokens: Sequence[int], state: np.ndarray, first: dict[int, Any] | None = None) -> None:
+    def add(self, tokens: Sequence[int], state: np.ndarray, first: dict[int, FirstKept] | None = None) -> None:
         """Keep ``state`` for ``tokens`` (and the first-token rows of prompts it holds);
         entries it holds all of (a prefix of it) go, their rows joining its."""
         if state.nbytes > self.capacity:
             return
-        rows: dict[int, Any] = {}
+        rows: dict[int, FirstKept] = {}
         for e in [e for e in self.entries if _starts_with(tokens, e.tokens)]:
             rows.update(e.first)
             self._drop(e)

@@ -15,6 +15,13 @@ from strata_core.engine.sampler import SamplingParams
 from strata_core.engine.speculation.cost import Acceptance, Shadow
 from strata_core.engine.speculation.ngram import NgramIndex
 
+#: A logit bias as sorted (id, value) pairs: what an argmax picked in the decode is taken
+#: under (``Request.device_key``, ``Llama.greedy_on_device``).
+DeviceKey = tuple[tuple[int, float], ...]
+#: What ``Slot.first`` keeps of a prompt's first token: its logits row, or the decode's pick
+#: with the bias it was picked under.
+FirstKept = np.ndarray | tuple[DeviceKey, int]
+
 
 @dataclass
 class Request:
@@ -50,14 +57,13 @@ class Request:
     #: allowed list, penalties, grammar, logprobs or draft model): llama.cpp may pick them
     #: in the decode (Llama.greedy_on_device) with this bias, as sorted (id, bias) pairs
     #: (empty: none); None where the rows are needed
-    device_key: tuple[tuple[int, float], ...] | None = field(init=False)
+    device_key: DeviceKey | None = field(init=False)
 
     def __post_init__(self) -> None:
         p = self.params
         self.plain = p.plain and self.grammar is None
-        argmax = p.greedy and p.allowed is None and not p.penalised and self.grammar is None
-        needs_rows = self.logprobs is not None or self.spec_draft
-        self.device_key = tuple(sorted(p.bias.items())) if argmax and not needs_rows else None
+        needs_rows = self.grammar is not None or self.logprobs is not None or self.spec_draft
+        self.device_key = tuple(sorted(p.bias.items())) if p.biased_argmax and not needs_rows else None
 
 
 @dataclass
@@ -75,7 +81,7 @@ class Slot:
     #: from it, computing nothing and exactly as the first time. Where the decode picked
     #: it (``device``) only the token is known, kept with the bias it was picked under
     #: (``Request.device_key``): it serves a request of that key alone.
-    first: dict[int, np.ndarray | tuple[tuple[tuple[int, float], ...], int]] = field(default_factory=dict)
+    first: dict[int, FirstKept] = field(default_factory=dict)
     device: bool = False  # its request's greedy rows are picked in the decode (``Request.device_key``)
 
     @property
