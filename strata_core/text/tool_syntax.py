@@ -475,9 +475,7 @@ class Json:
         return json.dumps(value, ensure_ascii=False, indent=self.indent)
 
     def rule(self, name: str, schema: Any, style: dict[str, Any], exact: bool = False) -> str:
-        params = schema or {"type": "object"}
-        if exact and "properties" in params and "additionalProperties" not in params:
-            params = {**params, "additionalProperties": False}  # the tool's parameters, no others
+        params = schema or {"type": "object"}  # (json_rule closes it to the tool's parameters)
         if self.keyed:
             params = {"type": "object", "properties": {name: params}, "required": [name], "additionalProperties": False}
         elif self.what != "args":
