@@ -32,20 +32,22 @@ def stand_in_engine() -> None:
     from strata_core.engine import llama as engine_llama  # isort: skip
     from strata_core.engine.__main__ import main
 
-    rows: dict[int, Any] = {}
+    made: dict[str, Any] = {}
 
     def matrix(self: Any) -> Any:
-        if "m" not in rows:
-            rows["m"] = np.random.default_rng(0).normal(0.0, 2.0, (512, self.n_vocab)).astype(np.float32)
-            rows["argmax"] = [int(t) for t in np.argmax(rows["m"], axis=1)]
-        return rows["m"]
+        """The fixed logits rows (made on first use: the vocabulary is the model's) and
+        their argmax, what a pick in the decode gives (the stand-in ignores a bias)."""
+        if not made:
+            made["rows"] = np.random.default_rng(0).normal(0.0, 2.0, (512, self.n_vocab)).astype(np.float32)
+            made["argmax"] = [int(t) for t in np.argmax(made["rows"], axis=1)]
+        return made
 
     cls = engine_llama.Llama
     cls.decode = lambda self, batch: None  # type: ignore[method-assign]
     cls.synchronize = lambda self: None  # type: ignore[method-assign]
-    cls.outputs = lambda self, n: matrix(self)[:n]  # type: ignore[method-assign]
-    cls.logits = lambda self, i: matrix(self)[i]  # type: ignore[method-assign]
-    cls.sampled = lambda self, r, n: [rows["argmax"][i] for i in r] if matrix(self) is not None else []  # type: ignore[method-assign]
+    cls.outputs = lambda self, n: matrix(self)["rows"][:n]  # type: ignore[method-assign]
+    cls.logits = lambda self, i: matrix(self)["rows"][i]  # type: ignore[method-assign]
+    cls.sampled = lambda self, r, n: [matrix(self)["argmax"][i] for i in r]  # type: ignore[method-assign]
     if os.environ.get("FRONT_CEILING_PROFILE"):  # where the engine's CPU goes
         import cProfile
 

@@ -101,7 +101,6 @@ def _finish(writer: gguf.GGUFWriter) -> None:
     writer.close()
 
 
-
 def _encoder_keys(writer: gguf.GGUFWriter, kind: str, shape: VisionShape | AudioShape, n_embd_text: int) -> None:
     """The keys an encoder of either kind carries, under ``clip.{kind}.``."""
     writer.add_uint32(f"clip.{kind}.embedding_length", shape.n_embd)
@@ -110,6 +109,7 @@ def _encoder_keys(writer: gguf.GGUFWriter, kind: str, shape: VisionShape | Audio
     writer.add_uint32(f"clip.{kind}.projection_dim", n_embd_text)
     writer.add_uint32(f"clip.{kind}.attention.head_count", shape.n_head)
     writer.add_float32(f"clip.{kind}.attention.layer_norm_epsilon", 1e-5)
+
 
 def write_vision_projector(dst: Path, n_embd_text: int, shape: VisionShape = SMALL, seed: int = 0) -> None:
     """An mmproj GGUF whose image embeddings are ``n_embd_text`` wide. The projector's last

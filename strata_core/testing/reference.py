@@ -56,8 +56,6 @@ def greedy_runs(engine: EngineProcess) -> list[Run]:
     return runs
 
 
-
-
 def main() -> None:
     from strata_core.backends.cpu import CpuBackend
     from strata_core.ops.build import ensure_engine

@@ -10,9 +10,9 @@ Rules (tests/test_reasoning.py checks each, at every chunk boundary):
 * The reasoning runs to the first ``</think>``; the tag and the whitespace after it make no
   text. ``<think>`` itself (and whitespace before it) makes no text either, nor does a
   ``<think>`` inside the reasoning (it does not nest: a small model that writes on past its
-  turn copies the prompt's tags). A reply that
-  opens with ``</think>`` closes an empty reasoning (MiniMax M3 writes that prefix when it
-  chooses not to think): the tag makes no text.
+  turn copies the prompt's tags). A reply that opens with ``</think>`` closes an empty
+  reasoning (MiniMax M3 writes that prefix when it chooses not to think): the tag makes no
+  text.
 * A tag split across chunks is held back until it is decided, so a tag never reaches the
   content, and a held prefix that turns out not to be a tag is released unchanged.
 * Every piece is a slice of the text pushed so far, ``text[start:end]``, so the caller can
