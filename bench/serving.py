@@ -10,7 +10,9 @@ rates show the spread. With --waves every server runs throughout and they take t
 wave of c requests (ABBA), so drift slower than a wave falls on all alike; each wave starts
 and ends with its own ramp, and --requests counts the requests of each concurrency
 (--requests / c waves). --control runs a second Strata server, strata-b, as a peer: its
-ratio shows what two identical servers differ by in the run.
+ratio shows what two identical servers differ by in the run; --control-env KEY=VALUE sets
+a variable for strata-b alone (``STRATA_ENGINE_DEVICE_SAMPLING=true``), so the ratio is that
+variable's effect against the same run's noise.
 
 Reports per server and concurrency: aggregate output tokens/s, TTFT and ITL (streamed
 chunks) p50 and p99, errors, and the ratio of Strata to each peer. Requests send
@@ -62,6 +64,8 @@ def main() -> None:
                     help="run every server throughout and take turns every wave of c requests (ABBA), not every round")
     ap.add_argument("--control", action="store_true",
                     help="a second Strata server, strata-b, whose ratio to strata is the bench's own noise")
+    ap.add_argument("--control-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="an environment variable for strata-b alone (implies --control; repeatable)")
     ap.add_argument("--stop-at-eos", action="store_true",
                     help="let replies end at the model's end-of-generation token; by default requests send "
                          "ignore_eos, so every server generates --max-tokens for each and a reply that two "
@@ -69,6 +73,8 @@ def main() -> None:
     ap.add_argument("--logs", type=Path, help="a folder for the servers' logs (default: a temporary one)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
+    control_env = dict(kv.split("=", 1) for kv in args.control_env)
+    args.control = args.control or bool(control_env)
     extra = None if args.stop_at_eos else {"ignore_eos": True}
     flags = Flags(backend=args.backend, model=args.model, parallel=max(args.concurrency), n_ctx=args.n_ctx,
                   threads=args.threads, ngl=args.ngl)  # fmt: skip
@@ -86,7 +92,8 @@ def main() -> None:
         logs.mkdir(parents=True, exist_ok=True)
 
         def start(name: str) -> AbstractContextManager[Running]:
-            return launch(names[name], flags, logs / f"{name}.log", binary=args.llama_server)
+            env = control_env if name == "strata-b" else None
+            return launch(names[name], flags, logs / f"{name}.log", env=env, binary=args.llama_server)
 
         def tag(rnd: int, c: int, wave: str = "") -> str | None:
             return None if args.repeat_prompts else f"round {rnd} c{c}{wave}"
