@@ -30,7 +30,8 @@ pytestmark = pytest.mark.slow
 
 #: Four families of different kinds by default (XML parameters, Mistral's [TOOL_CALLS],
 #: gpt-oss Harmony, and a prompt that leaves reasoning open, Qwen3.5): each template costs
-#: seconds to a minute over HTTP on two CPU cores, the whole corpus some twenty minutes. STRATA_TOOL_CORPUS=all runs every tool-reading template of the pinned source.
+#: seconds to a minute over HTTP on two CPU cores, the whole corpus about 16 minutes.
+#: STRATA_TOOL_CORPUS=all runs every tool-reading template of the pinned source.
 DEFAULT = ("Qwen3-Coder.jinja", "Mistral-Small-3.2-24B-Instruct-2506.jinja", "openai-gpt-oss-120b.jinja",
            "Qwen3.5-4B.jinja")
 ALL = tool_templates()
