@@ -359,6 +359,15 @@ def test_a_call_block_cut_short_makes_no_content() -> None:
     assert calls == [] and content == "Say <tool_call> twice: <tool_call>, then stop."
     _, kimi = setup_of("Kimi-K2-Instruct.jinja")  # a closing marker with no block open
     assert parse(kimi.format, "#\n<|tool_calls_section_end|><|tool_calls_section_end|>\nok", [3, 9])[:2] == ("#\n\nok", [])
+    _, gpt = setup_of("openai-gpt-oss-120b.jinja")  # the reply ended partway into a marker
+    call = ' to=functions.get_weather<|channel|>json<|message|>{"city": "Paris"}<|call|>'
+    for tail in ("<|start|>ass", "<|start|>assistant to=functions", "<|start|>assistant to=functions.get_we", "\r\n\n<"):
+        for cuts in ([], list(range(1, len(call + tail)))):
+            assert parse(gpt.format, call + tail, cuts)[:2] == ("", [("get_weather", {"city": "Paris"})]), (tail, cuts)
+    for text in ("I want to", "It is 3 <", "Sunny. <|start|>assistant<|channel|>final<|message|>Warm"):
+        want = text.replace("<|start|>assistant<|channel|>final<|message|>", "")
+        for cuts in ([], list(range(1, len(text)))):
+            assert parse(gpt.format, text, cuts)[:2] == (want, []), (text, cuts)
     _, gemma = setup_of("google-gemma-4-31B-it.jinja")  # its closing marker never came
     content, calls, _ = parse(gemma.format, 'So <|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call>\n<', [])
     assert calls == [] and content == "So "

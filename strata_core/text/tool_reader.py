@@ -13,7 +13,9 @@ chunk boundary):
   (``{"city": "Paris"``, ``, "days": 2``, ``}``), and the fragments join to exactly the
   arguments read whole.
 * A marker whose text turns out not to be calls is content, unchanged, except a calls block
-  cut short by the reply's end (max_tokens), which is markup; markup the family writes that
+  cut short by the reply's end (max_tokens), which is markup, as is a marker the reply ended
+  partway into after a call, or elsewhere once two characters or more of it, punctuation
+  among them, were written (``<|start|>ass``, not `` to`` or ``<``); markup the family writes that
   is neither (``strip``) makes no text, also where it is a marker (GigaChat's
   ``<|function_call|>`` before a copy of a tool's result), and so do a block's closing marker
   with no block open and a message header (``header``: muse's ``to=RECIPIENT<|message|>``)
@@ -47,6 +49,14 @@ def _earliest(text: str, marks: Sequence[str]) -> tuple[int, str] | None:
         if at >= 0 and (best is None or at < best[0] or (at == best[0] and len(m) > len(best[1]))):
             best = (at, m)
     return best
+
+
+def _begun_markup(tail: str) -> bool:
+    """Whether a reply's last characters, the start of one of its family's markers, are that
+    marker begun (``<|start|>ass``, `` to=functions``) rather than words that happen to
+    start one (`` to``, ``<``): two characters or more, punctuation among them."""
+    s = tail.strip()
+    return len(s) >= 2 and any(not (c.isalnum() or c.isspace()) for c in s)
 
 
 class FormatParser:
@@ -117,10 +127,15 @@ class FormatParser:
         while self._buf:
             hit = _earliest(self._buf, self._marks + self._strip)
             if hit is None:
-                hold = 0 if final else max(held_prefix(self._buf, m) for m in self._marks + self._strip)
-                if not final and not self._said and not self._buf[: len(self._buf) - hold].strip():
+                hold = max(held_prefix(self._buf, m) for m in self._marks + self._strip)
+                if final:  # the reply ended: a tail that had begun a marker is markup after calls,
+                    # or where it had begun the marker's punctuation
+                    hold = hold if self.calls or _begun_markup(self._buf[len(self._buf) - hold :]) else 0
+                elif not self._said and not self._buf[: len(self._buf) - hold].strip():
                     break  # leading whitespace waits: a call may follow it
                 self._say(self._cut(len(self._buf) - hold), out)
+                if final:
+                    self._cut(hold)
                 break
             at, mark = hit
             self._say(self._cut(at), out)
