@@ -408,6 +408,9 @@ def test_harmony_channels() -> None:
     assert reply(gpt, call) == ("Need the weather.", "", [("get_weather", {"city": "Paris"})])
     final = "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>Hi there<|return|>"
     assert reply(gpt, final) == ("Easy.", "Hi there", [])
+    # a message with no channel, and a commentary message to the user: the header is markup
+    assert reply(gpt, "<|message|>Hi there<|end|>") == ("", "Hi there", [])
+    assert reply(gpt, "<|channel|>commentary<|message|>Checking.<|end|>") == ("", "Checking.", [])
 
 
 def test_family_reasoning_tags() -> None:

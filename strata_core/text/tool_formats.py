@@ -317,8 +317,8 @@ FORMATS: tuple[ToolFormat, ...] = (
     ToolFormat("gpt-oss", (
         Lit(" to=functions."), Name(("<|channel|>", " ", "<|constrain|>", "<|message|>")),
         Skip(("<|message|>",), "<|channel|>commentary json"), Lit("<|message|>"), Json(), Opt((Lit("<|call|>"),)),
-    ), strip=("<|start|>assistant", "<|channel|>final<|message|>", "<|channel|>commentary", "<|return|>",
-              "<|end|>", "<|call|>"), think=("<|channel|>analysis<|message|>", "<|end|>")),  # fmt: skip
+    ), strip=("<|start|>assistant", "<|channel|>final<|message|>", "<|channel|>commentary", "<|message|>",
+              "<|return|>", "<|end|>", "<|call|>"), think=("<|channel|>analysis<|message|>", "<|end|>")),  # fmt: skip
     ToolFormat("deepseek-r1", (
         Lit("<｜tool▁call▁begin｜>"), Skip(("<｜tool▁sep｜>",), "function"), Lit("<｜tool▁sep｜>"),
         Name(("\n", "```")), Lit("\n```json\n"), Json(), Lit("\n```"), Lit("<｜tool▁call▁end｜>"),
