@@ -364,10 +364,12 @@ def test_a_call_block_cut_short_makes_no_content() -> None:
     for tail in ("<|start|>ass", "<|start|>assistant to=functions", "<|start|>assistant to=functions.get_we", "\r\n\n<"):
         for cuts in ([], list(range(1, len(call + tail)))):
             assert parse(gpt.format, call + tail, cuts)[:2] == ("", [("get_weather", {"city": "Paris"})]), (tail, cuts)
-    for text in ("I want to", "It is 3 <", "Sunny. <|start|>assistant<|channel|>final<|message|>Warm"):
-        want = text.replace("<|start|>assistant<|channel|>final<|message|>", "")
+    for text in ("I want to", "It is 3 <", "Sunny. <|start|>assistant<|channel|>final<|message|>Warm",
+                 call + "<|start|>assistant<|channel|>final<|message|>I want to"):
+        want = text.replace("<|start|>assistant<|channel|>final<|message|>", "").replace(call, "")
+        calls = [("get_weather", {"city": "Paris"})] if call in text else []
         for cuts in ([], list(range(1, len(text)))):
-            assert parse(gpt.format, text, cuts)[:2] == (want, []), (text, cuts)
+            assert parse(gpt.format, text, cuts)[:2] == (want, calls), (text, cuts)
     _, gemma = setup_of("google-gemma-4-31B-it.jinja")  # its closing marker never came
     content, calls, _ = parse(gemma.format, 'So <|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call>\n<', [])
     assert calls == [] and content == "So "

@@ -14,8 +14,8 @@ chunk boundary):
   arguments read whole.
 * A marker whose text turns out not to be calls is content, unchanged, except a calls block
   cut short by the reply's end (max_tokens), which is markup, as is a marker the reply ended
-  partway into after a call, or elsewhere once two characters or more of it, punctuation
-  among them, were written (``<|start|>ass``, not `` to`` or ``<``); markup the family writes that
+  partway into right after a call, or elsewhere once two characters or more of it,
+  punctuation among them, were written (``<|start|>ass``, not `` to`` or ``<``); markup the family writes that
   is neither (``strip``) makes no text, also where it is a marker (GigaChat's
   ``<|function_call|>`` before a copy of a tool's result), and so do a block's closing marker
   with no block open and a message header (``header``: muse's ``to=RECIPIENT<|message|>``)
@@ -84,6 +84,7 @@ class FormatParser:
         self._lead = fmt.lead  # at the reply's start: the markup plain content opens with
         self._open: list[tuple[str, int]] = []  # calls of the block being read: id, arguments sent
         self._said = False  # content other than whitespace was shown (until then it waits)
+        self._said_after = False  # ... since the last calls block
 
     def push(self, text: str) -> list[Event]:
         self._buf += text
@@ -100,6 +101,7 @@ class FormatParser:
         if self._said or (text.strip() or not (self.calls or self._buf)):
             out.append(text)
             self._said = self._said or bool(text.strip())
+            self._said_after = self._said_after or bool(text.strip())
 
     def _cut(self, n: int) -> str:
         part, self._buf = self._buf[:n], self._buf[n:]
@@ -128,9 +130,10 @@ class FormatParser:
             hit = _earliest(self._buf, self._marks + self._strip)
             if hit is None:
                 hold = max(held_prefix(self._buf, m) for m in self._marks + self._strip)
-                if final:  # the reply ended: a tail that had begun a marker is markup after calls,
-                    # or where it had begun the marker's punctuation
-                    hold = hold if self.calls or _begun_markup(self._buf[len(self._buf) - hold :]) else 0
+                if final:  # the reply ended: a tail that had begun a marker is markup right after
+                    # calls (nothing but whitespace between), or where it had begun the marker's punctuation
+                    bare = self.calls and not self._said_after and not self._buf[: len(self._buf) - hold].strip()
+                    hold = hold if bare or _begun_markup(self._buf[len(self._buf) - hold :]) else 0
                 elif not self._said and not self._buf[: len(self._buf) - hold].strip():
                     break  # leading whitespace waits: a call may follow it
                 self._say(self._cut(len(self._buf) - hold), out)
@@ -165,6 +168,7 @@ class FormatParser:
         return self.format.read_turn(self._buf, 0, False, self._props) == PARTIAL
 
     def _take(self, reads: list[Read], out: list[Event]) -> None:
+        self._said_after = False
         start = self._at
         self._cut(reads[-1].end)
         self.spans.append((start, self._at))
