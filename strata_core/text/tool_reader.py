@@ -15,8 +15,8 @@ chunk boundary):
 * A marker whose text turns out not to be calls is content, unchanged, except a calls block
   cut short by the reply's end (max_tokens), which is markup, as is a marker the reply ended
   partway into right after a call, or elsewhere once two characters or more of it,
-  punctuation among them, were written (``<|start|>ass``, not `` to`` or ``<``); markup the family writes that
-  is neither (``strip``) makes no text, also where it is a marker (GigaChat's
+  punctuation among them, were written (``<|start|>ass``, not `` to`` or ``<``); markup the
+  family writes that is neither (``strip``) makes no text, also where it is a marker (GigaChat's
   ``<|function_call|>`` before a copy of a tool's result), and so do a block's closing marker
   with no block open and a message header (``header``: muse's ``to=RECIPIENT<|message|>``)
   where no call follows it.
@@ -130,11 +130,12 @@ class FormatParser:
             hit = _earliest(self._buf, self._marks + self._strip)
             if hit is None:
                 hold = max(held_prefix(self._buf, m) for m in self._marks + self._strip)
+                before, tail = self._buf[: len(self._buf) - hold], self._buf[len(self._buf) - hold :]
                 if final:  # the reply ended: a tail that had begun a marker is markup right after
                     # calls (nothing but whitespace between), or where it had begun the marker's punctuation
-                    bare = self.calls and not self._said_after and not self._buf[: len(self._buf) - hold].strip()
-                    hold = hold if bare or _begun_markup(self._buf[len(self._buf) - hold :]) else 0
-                elif not self._said and not self._buf[: len(self._buf) - hold].strip():
+                    bare = self.calls and not self._said_after and not before.strip()
+                    hold = hold if bare or _begun_markup(tail) else 0
+                elif not self._said and not before.strip():
                     break  # leading whitespace waits: a call may follow it
                 self._say(self._cut(len(self._buf) - hold), out)
                 if final:
