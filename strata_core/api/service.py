@@ -160,6 +160,9 @@ class Service:
             cancelled=lambda: self.engine.done_reasons["cancelled"],
             kv_usage=self.engine.kv_usage,
             model_name=self.model_id,
+            kv_cells=self.engine.kv_cells,
+            lora_names=[a.label() for a in self.config.engine.lora],
+            lora_in_flight=self.engine.lora_in_flight,
         )
 
     async def prepare(self) -> None:
