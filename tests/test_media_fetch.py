@@ -119,6 +119,12 @@ def test_a_fetch_follows_http_redirects_within_the_limits(site: Site) -> None:
     assert refused(site.base + "/img", ServerConfig()).code == "fetch_refused"  # fetch_media off
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:99999/a.png", "http:///a.png", "ftp://example.com/a.png"])
+def test_urls_that_are_not_fetchable_are_400s(url: str) -> None:
+    err = refused(url, LOOPBACK)
+    assert err.code == "invalid_value" and "expected an http(s) URL with a host" in err.message
+
+
 def test_each_address_class_is_named() -> None:
     cases = {"127.0.0.1": "loopback", "::1": "loopback", "169.254.169.254": "link-local", "fe80::1": "link-local",
              "10.1.2.3": "private", "172.16.0.1": "private", "192.168.1.1": "private", "fd00::1": "private",

@@ -68,13 +68,17 @@ async def checked_address(
     fetch of it may connect to, or a 400 naming ``param`` and the rule that refuses it."""
     parts = urlsplit(url)
     host = parts.hostname or ""
+    try:
+        port = parts.port or 0
+    except ValueError:
+        host = ""
     if parts.scheme not in ("http", "https") or not host:
-        raise bad_part(param, f"expected an http(s) URL with a host, not {url[:80]!r}")
+        raise bad_part(param, f"expected an http(s) URL with a host (and a port in 1..65535), not {url[:80]!r}")
     via = f" (redirect {hop})" if hop else ""
     if not domain_allowed(host, server.media_domains):
         raise bad_part(param, f"the host {host!r}{via} is not in [server] media_domains", "fetch_refused")
     try:
-        found = [ipaddress.ip_address(a.split("%")[0]) for a in await resolve(host, parts.port or 0)]
+        found = [ipaddress.ip_address(a.split("%")[0]) for a in await resolve(host, port)]
     except (OSError, UnicodeError):
         raise bad_part(param, f"the host {host!r} does not resolve", "fetch_failed") from None
     networks = [ipaddress.ip_network(n) for n in server.media_networks]
@@ -93,7 +97,8 @@ def pinned_request(client: httpx.AsyncClient, url: str, host: str, ip: Address) 
     """A GET of ``url`` sent to ``ip``, the host kept in Host and in TLS's server name."""
     parts = urlsplit(url)
     target = httpx.URL(url).copy_with(host=str(ip))
-    host_header = host if parts.port is None else f"{host}:{parts.port}"
+    name = f"[{host}]" if ":" in host else host  # an IPv6 literal keeps its brackets
+    host_header = name if parts.port is None else f"{name}:{parts.port}"
     return client.build_request("GET", target, headers={"Host": host_header}, extensions={"sni_hostname": host})
 
 
@@ -110,6 +115,8 @@ async def fetch(url: str, param: str, server: ServerConfig, resolve: Resolver = 
             return await asyncio.wait_for(_follow(client, url, param, server, resolve), server.fetch_media_timeout)
     except (httpx.TimeoutException, TimeoutError):
         raise bad_part(param, f"fetching the URL took over {server.fetch_media_timeout} s", "fetch_failed") from None
+    except httpx.InvalidURL:
+        raise bad_part(param, f"expected an http(s) URL, not {url[:80]!r}") from None
     except httpx.HTTPError as exc:
         raise bad_part(param, f"fetching the URL failed: {type(exc).__name__}", "fetch_failed") from None
 
