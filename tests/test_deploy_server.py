@@ -6,6 +6,7 @@ Extension's metrics read against the requests sent (docs/deploy.md)."""
 from __future__ import annotations
 
 import http.server
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -67,7 +68,7 @@ class Deployed:
     receiver: Receiver
 
     def client(self, key: str | None = KEY) -> httpx.Client:
-        return httpx.Client(base_url=self.base, verify=str(self.ca), timeout=120,
+        return httpx.Client(base_url=self.base, verify=ssl.create_default_context(cafile=self.ca), timeout=120,
                             headers={"Authorization": f"Bearer {key}"} if key else {})  # fmt: skip
 
 
@@ -97,7 +98,7 @@ def deployed(cpu_engine: Any, default_model: Path, tmp_path_factory: pytest.Temp
         while True:  # the harness's wait speaks plain HTTP: this one, TLS
             assert srv.proc.poll() is None, (d / "server.log").read_text()[-3000:]
             try:
-                if httpx.get(f"{srv.base}/health", verify=str(cert), timeout=2).status_code == 200:
+                if httpx.get(f"{srv.base}/health", verify=ssl.create_default_context(cafile=cert), timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass

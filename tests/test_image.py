@@ -35,6 +35,13 @@ IMAGE = "localhost/strata-test:cpu"
 MIRROR = os.environ.get("STRATA_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def asked_for(request: pytest.FixtureRequest) -> None:
+    """Only where the marker is named (``-m "not slow"`` would select it otherwise)."""
+    if "image" not in (request.config.option.markexpr or ""):
+        pytest.skip("the image test runs only when asked for: pytest -m image")
+
+
 def sh(*cmd: str, timeout: float = 600) -> str:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{' '.join(cmd)}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
