@@ -81,7 +81,7 @@ def image(base: str) -> dict[str, Any]:
     sh("podman", "build", "--isolation=chroot", "--format", "docker", "-f", str(REPO / "deploy/Containerfile"),
        "--build-arg", f"BASE={base}", "-t", IMAGE, str(REPO), timeout=7200)  # fmt: skip
     [inspected] = json.loads(sh("podman", "image", "inspect", IMAGE))
-    return inspected["Config"]  # type: ignore[no-any-return]
+    return {**inspected["Config"], "Healthcheck": inspected.get("Healthcheck")}  # podman puts it beside Config
 
 
 @pytest.fixture(scope="module")
