@@ -91,7 +91,7 @@ def served(image: dict[str, Any], default_model: Path, tmp_path_factory: pytest.
     container = sh("podman", "create", IMAGE)
     root = Path(sh("podman", "mount", container))
     log = tmp_path_factory.mktemp("image") / "server.log"
-    proc = None
+    proc: subprocess.Popen[bytes] | None = None
     try:
         shutil.copy(default_model, root / "models/model.gguf")
         port = free_port()
@@ -110,13 +110,20 @@ def served(image: dict[str, Any], default_model: Path, tmp_path_factory: pytest.
         yield base
     finally:
         if proc is not None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+            stop(proc)
         subprocess.run(["podman", "umount", container], capture_output=True)
         subprocess.run(["podman", "rm", container], capture_output=True)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """The server, its engine and the chroot's shell: the session they run in."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    except ProcessLookupError:  # it had exited (the log says why)
+        return
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_the_image_is_set_up_as_the_containerfile_says(image: dict[str, Any]) -> None:
