@@ -637,3 +637,44 @@ def test_a_backend_with_its_toolchain_but_no_device_builds_but_does_not_run(
     (bindir / "hipconfig").unlink()
     with pytest.raises(BackendError, match="hipconfig not found"):
         select_backend(reg, "hip", for_build=True)  # no toolchain: nothing to build with
+
+
+def test_a_built_engine_runs_without_its_toolchain(tmp_path, monkeypatch) -> None:
+    """A container image has the engine and no compiler: the backend still serves, with
+    its engine given ([engine] llama_cpp) or already built in $STRATA_HOME."""
+    import json
+
+    from strata_core.ops.backend_spec import BuildSpec, Probe, ProbeStatus
+    from strata_core.ops.build import META, engine_dir
+
+    class NoCompiler(Backend):
+        name = "cpu"
+
+        def probe(self) -> Probe:
+            return Probe(ProbeStatus.TOOLCHAIN_MISSING, "no C++ compiler on PATH")
+
+        def build_spec(self) -> BuildSpec:
+            return BuildSpec(cmake_args=("-DX=1",))
+
+        def engine_env(self, engine):  # type: ignore[no-untyped-def]
+            return {}
+
+    class Plugin:
+        @hookimpl
+        def strata_backends(self) -> list[Backend]:
+            return [backend]
+
+    backend = NoCompiler()
+    monkeypatch.setenv("STRATA_HOME", str(tmp_path))
+    reg = Registry()
+    reg.register(Plugin(), "cpu", "strata", "0.1.0")
+    reg.collect()
+    with pytest.raises(BackendError, match="not available: no C\\+\\+ compiler"):
+        select_backend(reg, "cpu")  # nothing built: it would need the compiler
+    assert select_backend(reg, "cpu", engine_given=True) is backend
+    d = engine_dir("cpu", backend.build_spec())
+    (d / "site" / "llama_cpp").mkdir(parents=True)
+    (d / META).write_text(json.dumps({"site": str(d / "site")}))
+    assert select_backend(reg, "cpu") is backend and select_backend(reg, "auto") is backend
+    with pytest.raises(BackendError, match="no C\\+\\+ compiler"):
+        select_backend(reg, "cpu", for_build=True)  # building still needs it

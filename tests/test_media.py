@@ -4,16 +4,11 @@ that refuse media before the engine sees them."""
 
 from __future__ import annotations
 
-import asyncio
-import http.server
-import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from strata_core.api.media import check_media, data_url_bytes, fetch
+from strata_core.api.media import check_media, data_url_bytes
 from strata_core.contract import protocol as proto
 from strata_core.engine.media_runs import decode_media_ahead, media_boundary, text_ahead
 from strata_core.ops.config import Config, ServerConfig
@@ -129,57 +124,3 @@ def test_a_models_table_names_its_projector() -> None:
                                  "models": {"v": {"path": "m.gguf", "mmproj": "/b.gguf"}, "t": {"path": "t.gguf"}}})  # fmt: skip
     assert cfg.for_model("v").engine.mmproj == "/b.gguf"
     assert cfg.for_model("t").engine.mmproj == "/a.gguf"
-
-
-# ---- fetching media from URLs, against a real HTTP server on loopback -------------------
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
-        routes = {"/img": (200, {}, b"PIXELS" * 10), "/big": (200, {}, b"x" * 5000),
-                  "/to-img": (302, {"Location": "/img"}, b""), "/to-file": (302, {"Location": "file:///etc/passwd"}, b""),
-                  "/loop": (302, {"Location": "/loop"}, b""), "/slow": (200, {}, b"")}  # fmt: skip
-        status, headers, body = routes.get(self.path, (404, {}, b"no"))
-        if self.path == "/slow":
-            time.sleep(2)
-        try:
-            self.send_response(status)
-            for k, v in headers.items():
-                self.send_header(k, v)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError):  # the client gave up (/slow)
-            pass
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture(scope="module")
-def site() -> Iterator[str]:
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-
-
-FETCHING = ServerConfig(fetch_media=True, fetch_media_max_bytes=1024, fetch_media_timeout=0.5)
-
-
-@pytest.mark.parametrize(
-    "path,code",
-    [("/big", "media_too_large"), ("/to-file", "invalid_value"), ("/loop", "fetch_failed"),
-     ("/slow", "fetch_failed"), ("/missing", "fetch_failed")],
-)  # fmt: skip
-def test_fetches_that_are_refused(site: str, path: str, code: str) -> None:
-    with pytest.raises(ApiError) as err:
-        asyncio.run(fetch(site + path, "messages.0.content.1", FETCHING))
-    assert (err.value.status, err.value.param, err.value.code) == (400, "messages.0.content.1", code)
-
-
-def test_a_fetch_follows_http_redirects_within_the_limits(site: str) -> None:
-    assert asyncio.run(fetch(site + "/to-img", "p", FETCHING)) == b"PIXELS" * 10
-    with pytest.raises(ApiError) as err:
-        asyncio.run(fetch(site + "/img", "p", ServerConfig()))
-    assert err.value.code == "fetch_refused"

@@ -4,6 +4,7 @@ and the vLLM names dashboards and routers read, moving with Strata's own series.
 from __future__ import annotations
 
 import re
+import time
 
 import httpx
 import pytest
@@ -114,7 +115,28 @@ def test_each_app_counts_in_its_own_registry() -> None:
     assert value(a.render(), "strata_requests_total") == 5
     assert value(b.render(), "strata_requests_total") == 1
     assert "strata_requests_total" not in generate_latest(REGISTRY).decode()
-    assert "vllm:kv_cache_usage_perc" not in b.render()  # nothing said how full the cache is
+
+
+def test_the_gateway_protocol_series_are_always_there() -> None:
+    """The Gateway API Inference Extension's model-server protocol: waiting, running, KV
+    cache usage and layout, LoRA adapters; present before any request and any adapter."""
+    idle = samples(Metrics(lambda: 0, lambda: 0, lambda: 0).render())
+    assert idle[("vllm:num_requests_waiting", (("model_name", ""),))] == 0
+    assert idle[("vllm:num_requests_running", (("model_name", ""),))] == 0
+    assert idle[("vllm:kv_cache_usage_perc", (("model_name", ""),))] == 0
+    assert idle[("vllm:cache_config_info", (("block_size", "1"), ("num_gpu_blocks", "0")))] == 1
+    [(labels, stamp)] = [(k[1], v) for k, v in idle.items() if k[0] == "vllm:lora_requests_info"]
+    assert dict(labels) == {"max_lora": "0", "running_lora_adapters": "", "waiting_lora_adapters": ""}
+    assert abs(stamp - time.time()) < 60  # vLLM's value: when it was read
+
+
+def test_lora_info_names_the_adapters_in_slots_and_waiting() -> None:
+    m = Metrics(lambda: 1, lambda: 2, lambda: 0, kv_cells=lambda: 2048, lora_names=["pirate", "b", "c"],
+                lora_in_flight=lambda: ({2, 0}, {1}))  # fmt: skip
+    s = samples(m.render())
+    [labels] = [dict(k[1]) for k in s if k[0] == "vllm:lora_requests_info"]
+    assert labels == {"max_lora": "3", "running_lora_adapters": "pirate,c", "waiting_lora_adapters": "b"}
+    assert ("vllm:cache_config_info", (("block_size", "1"), ("num_gpu_blocks", "2048"))) in s
 
 
 def test_integral_counts_rewrites_only_count_samples() -> None:

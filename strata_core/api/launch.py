@@ -51,7 +51,8 @@ def engine_for(cfg: Config, build_only: bool = False) -> tuple[Backend, EngineBu
     checks that need the backend (a split llama.cpp refuses), before a build that may take
     minutes. ``build_only``: the engine is built, not run, so a backend whose toolchain is
     there but that sees no device will do."""
-    backend = select_backend(load_registry(), cfg.engine.backend, for_build=build_only)
+    backend = select_backend(load_registry(), cfg.engine.backend, for_build=build_only,
+                             engine_given=bool(cfg.engine.llama_cpp))  # fmt: skip
     n_gpu_layers, flash_attn = offload(cfg.engine, backend)
     check_split(cfg.engine.split_mode, flash_attn, n_gpu_layers)
     check_cache_types(cfg.engine.cache_type_k, cfg.engine.cache_type_v, flash_attn, cfg.engine.split_mode)

@@ -1,7 +1,8 @@
 """Media parts of a chat (images, audio) made into the engine's prompt: each part's bytes
-from its data URL, or fetched from its http(s) URL where ``[server] fetch_media`` allows,
-then the rendered prompt cut at each media marker and tokenized by the engine's mtmd
-(``MTOKENIZE``). Every refusal is a 400 naming the part."""
+from its data URL, or fetched from its http(s) URL where ``[server] fetch_media`` allows
+(``media_fetch.py``, which refuses what only the server can reach), then the rendered
+prompt cut at each media marker and tokenized by the engine's mtmd (``MTOKENIZE``).
+Every refusal is a 400 naming the part."""
 
 from __future__ import annotations
 
@@ -10,26 +11,18 @@ import binascii
 import re
 import secrets
 from collections.abc import Sequence
-from urllib.parse import urljoin
 
-import httpx
-
+from strata_core.api.media_fetch import bad_part, fetch
 from strata_core.client.reader import EngineClient, EngineRefused, MediaPrompt
 from strata_core.ops.config import ServerConfig
-from strata_core.schema.errors import ApiError
 from strata_core.schema.requests import MediaPart
 
 _DATA_URL = re.compile(r"data:(?P<type>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^,;]*)*?);base64,(?P<data>.*)", re.S)
-MAX_REDIRECTS = 3
 
 
 def media_marker() -> str:
     """Where a media item sits in the rendered prompt: random, so no text can fake one."""
     return f"<__media_{secrets.token_hex(8)}__>"
-
-
-def bad_part(param: str, message: str, code: str = "invalid_value", status: int = 400) -> ApiError:
-    return ApiError(status, f"{param}: {message}", param=param, code=code)
 
 
 def check_media(media: Sequence[tuple[str, MediaPart]], inputs: Sequence[str], server: ServerConfig) -> None:
@@ -56,38 +49,6 @@ def data_url_bytes(url: str, param: str) -> bytes:
     if not data:
         raise bad_part(param, "the data URL is empty")
     return data
-
-
-async def fetch(url: str, param: str, server: ServerConfig) -> bytes:
-    """An http(s) URL's body, within [server]'s byte limit and timeout; redirects are
-    followed only to http(s) URLs, at most MAX_REDIRECTS."""
-    if not server.fetch_media:
-        raise bad_part(param, "this server does not fetch media from URLs ([server] fetch_media = false); "
-                       "send the bytes as a base64 data URL", "fetch_refused")  # fmt: skip
-    limit = server.fetch_media_max_bytes
-    try:
-        async with httpx.AsyncClient(timeout=server.fetch_media_timeout, follow_redirects=False) as client:
-            for _ in range(MAX_REDIRECTS + 1):
-                async with client.stream("GET", url) as r:
-                    if r.is_redirect:
-                        url = urljoin(url, r.headers.get("location", ""))
-                        if not url.startswith(("http://", "https://")):
-                            raise bad_part(param, "the URL redirects to a non-http(s) URL, which is not followed")
-                        continue
-                    if r.status_code != 200:
-                        raise bad_part(param, f"fetching the URL answered HTTP {r.status_code}", "fetch_failed")
-                    body = bytearray()
-                    async for chunk in r.aiter_bytes():
-                        body += chunk
-                        if len(body) > limit:
-                            raise bad_part(param, f"the fetched media is over {limit} bytes "
-                                           "([server] fetch_media_max_bytes)", "media_too_large")  # fmt: skip
-                    return bytes(body)
-    except httpx.TimeoutException:
-        raise bad_part(param, f"fetching the URL took over {server.fetch_media_timeout} s", "fetch_failed") from None
-    except httpx.HTTPError as exc:
-        raise bad_part(param, f"fetching the URL failed: {type(exc).__name__}", "fetch_failed") from None
-    raise bad_part(param, f"the URL redirects more than {MAX_REDIRECTS} times", "fetch_failed")
 
 
 async def media_bytes(param: str, part: MediaPart, server: ServerConfig) -> bytes:

@@ -1,12 +1,14 @@
 """/metrics: Strata's ``strata_*`` series, and under the names vLLM uses (``vllm:*``, with a
-``model_name`` label) the ones dashboards and routers written for vLLM read. One
-collector per app, in the app's own registry, renders them through prometheus_client."""
+``model_name`` label) the ones dashboards and routers written for vLLM read, the
+Gateway API Inference Extension's model-server protocol among them (docs/deploy.md).
+One collector per app, in the app's own registry, renders them through prometheus_client."""
 
 from __future__ import annotations
 
 import bisect
 import collections
 import itertools
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -53,10 +55,15 @@ class Histogram:
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 KV_USAGE_HELP = (
-    "Fraction (0..1) of the engine's KV cache held by requests in flight: their prompt and "
-    "generated tokens over n_ctx x slots, as the server counts them (the prefixes idle slots "
-    "keep for reuse are not included)"
+    "Fraction (0..1) of the engine's KV cache cells held by the requests in its slots: their "
+    "prompt and generated tokens over n_ctx x slots (the prefixes idle slots keep for reuse are "
+    "free cells: a new request may take them)"
 )
+LORA_HELP = (
+    "LoRA adapters (labels): max_lora, how many are loaded; running_lora_adapters and "
+    "waiting_lora_adapters, those the requests in slots and waiting use. The value: when this was read"
+)
+CACHE_HELP = "The KV cache's layout: block_size, tokens a block (a llama.cpp cell: 1); num_gpu_blocks, the cells"
 
 COUNT_GAUGES = frozenset(
     {"strata_queue_depth", "strata_busy_slots", "vllm:num_requests_running", "vllm:num_requests_waiting"}
@@ -72,8 +79,11 @@ class Metrics:
         queue_depth: Callable[[], float],
         busy_slots: Callable[[], float],
         cancelled: Callable[[], float],
-        kv_usage: Callable[[], float] | None = None,
+        kv_usage: Callable[[], float] = lambda: 0.0,
         model_name: str = "",
+        kv_cells: Callable[[], int] = lambda: 0,
+        lora_names: Sequence[str] = (),
+        lora_in_flight: Callable[[], tuple[set[int], set[int]]] = lambda: (set(), set()),
     ) -> None:
         self.requests = Counter("strata_requests_total", "Completion requests received")
         self.cancelled = Counter(
@@ -94,7 +104,8 @@ class Metrics:
         self.itl = Histogram("strata_inter_token_latency_seconds", "Time between tokens", LATENCY_BUCKETS)
         self.success: collections.Counter[str] = collections.Counter({"stop": 0, "length": 0})
         self.queue_depth, self.busy_slots, self.kv_usage = queue_depth, busy_slots, kv_usage
-        self.model_name = model_name
+        self.model_name, self.kv_cells = model_name, kv_cells
+        self.lora_names, self.lora_in_flight = list(lora_names), lora_in_flight
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
 
@@ -125,8 +136,11 @@ class _Collector(Collector):
         model = {"model_name": m.model_name}
         yield _gauge("vllm:num_requests_running", "Requests in the engine's slots", m.busy_slots(), model)
         yield _gauge("vllm:num_requests_waiting", "Requests waiting for a slot", m.queue_depth(), model)
-        if m.kv_usage is not None:
-            yield _gauge("vllm:kv_cache_usage_perc", KV_USAGE_HELP, m.kv_usage(), model)
+        yield _gauge("vllm:kv_cache_usage_perc", KV_USAGE_HELP, m.kv_usage(), model)
+        cache = {"block_size": "1", "num_gpu_blocks": str(m.kv_cells())}
+        # these two carry vLLM's labels only, as the inference gateway reads them
+        yield _gauge("vllm:cache_config_info", CACHE_HELP, 1, cache)
+        yield _gauge("vllm:lora_requests_info", LORA_HELP, time.time(), lora_labels(m))
         yield _counter("vllm:prompt_tokens_total", m.prompt_tokens.help, m.prompt_tokens.get(), model)
         yield _counter("vllm:generation_tokens_total", m.gen_tokens.help, m.gen_tokens.get(), model)
         success = CounterMetricFamily(
@@ -139,6 +153,17 @@ class _Collector(Collector):
         yield success
         yield _histogram("vllm:time_to_first_token_seconds", m.ttft.help, m.ttft, model)
         yield _histogram("vllm:inter_token_latency_seconds", m.itl.help, m.itl, model)
+
+
+def lora_labels(m: Metrics) -> dict[str, str]:
+    """vLLM's labels of lora_requests_info: adapters by name, comma-separated."""
+    running, waiting = m.lora_in_flight()
+
+    def names(ids: set[int]) -> str:
+        return ",".join(m.lora_names[i] if i < len(m.lora_names) else str(i) for i in sorted(ids))
+
+    return {"max_lora": str(len(m.lora_names)), "running_lora_adapters": names(running),
+            "waiting_lora_adapters": names(waiting)}  # fmt: skip
 
 
 def _counter(name: str, help: str, value: int, labels: dict[str, str] | None = None) -> Metric:

@@ -25,6 +25,7 @@ from strata_core.api.sampling_defaults import (
     resolve_seed,
 )
 from strata_core.api.stream import timed_out
+from strata_core.api.tracing import trace_request
 from strata_core.client.reader import EngineClient, EngineUnavailable, RequestStream
 from strata_core.contract import protocol as proto
 from strata_core.contract.events import Finished, TokenEvent, Usage
@@ -160,6 +161,9 @@ class Service:
             cancelled=lambda: self.engine.done_reasons["cancelled"],
             kv_usage=self.engine.kv_usage,
             model_name=self.model_id,
+            kv_cells=self.engine.kv_cells,
+            lora_names=[a.label() for a in self.config.engine.lora],
+            lora_in_flight=self.engine.lora_in_flight,
         )
 
     async def prepare(self) -> None:
@@ -539,7 +543,9 @@ class Service:
                     else:
                         carried = piece
                 if end is not None:
-                    yield self._last_piece(end, choice, carried, grammar_param)
+                    tail = self._last_piece(end, choice, carried, grammar_param)
+                    trace_request(self.model_id, stream.rid, t0, tail.finish or "stop", tail.usage or Usage(), end.stats)
+                    yield tail
                     return
         finally:
             if not stream.finished:

@@ -57,6 +57,7 @@ class RequestStream:
     rid: str
     wants_lp: bool
     tokens: int = 0  # held in the engine's context: the prompt, and each token emitted since
+    lora: Mapping[int, float] = field(default_factory=dict)  # its own adapter scales; empty: the configured ones
     queue: asyncio.Queue[TokenEvent | Finished] = field(default_factory=asyncio.Queue)
     held: int | None = None  # a T waiting for its LP
     error: str | None = None
@@ -322,7 +323,7 @@ class EngineClient:
     def generate(self, prompt: Sequence[int], options: GenOptions, rid: str | None = None) -> RequestStream:
         """Start a request; a MediaPrompt's media items are named in its GEN (``media=``)."""
         rid = rid or self.new_rid()
-        st = RequestStream(rid, wants_lp=options.logprobs is not None, tokens=len(prompt))
+        st = RequestStream(rid, wants_lp=options.logprobs is not None, tokens=len(prompt), lora=options.lora)
         keys = options.encode()
         if isinstance(prompt, MediaPrompt) and prompt.spans:
             keys = {**keys, "media": proto.encode_spans(prompt.spans)}
@@ -370,15 +371,37 @@ class EngineClient:
     def in_flight(self) -> int:
         return len(self._streams)
 
+    def in_slots(self) -> tuple[list[RequestStream], list[RequestStream]]:
+        """The requests in flight in the engine's slots, and those waiting for one: the
+        oldest hold the slots, one each (the engine admits in order)."""
+        streams = list(self._streams.values())
+        slots = int(self.info.get("slots", 0))
+        return streams[:slots], streams[slots:]
+
+    def kv_cells(self) -> int:
+        """The engine's KV cache cells (one token each): n_ctx x slots; 0 before READY."""
+        return int(self.info.get("slots", 0)) * int(self.info.get("n_ctx", 0))
+
     def kv_usage(self) -> float:
-        """The fraction of the engine's context (n_ctx x slots) that requests in flight hold,
-        as counted here: the prompts and tokens of the oldest requests, one a slot (the
-        engine admits in order). Prefixes idle slots keep for reuse are not counted."""
-        slots, n_ctx = int(self.info.get("slots", 0)), int(self.info.get("n_ctx", 0))
-        if not slots or not n_ctx:
+        """The fraction of the KV cells that requests in flight hold, as counted here: the
+        prompts and tokens of the requests in the slots. Prefixes idle slots keep for
+        reuse are not counted (a new request may take their cells, as vLLM's free
+        cached blocks)."""
+        cells = self.kv_cells()
+        if not cells:
             return 0.0
-        held = sum(st.tokens for st in itertools.islice(self._streams.values(), slots))
-        return min(1.0, held / (slots * n_ctx))
+        return min(1.0, sum(st.tokens for st in self.in_slots()[0]) / cells)
+
+    def lora_in_flight(self) -> tuple[set[int], set[int]]:
+        """The LoRA adapters (ids) the requests in the slots run under, and those of the
+        requests waiting: a request's own nonzero scales, else the configured ones'."""
+        configured = {a["id"]: a["scale"] for a in self.info.get("lora") or ()}
+
+        def used(streams: list[RequestStream]) -> set[int]:
+            return {i for st in streams for i, scale in (st.lora or configured).items() if scale}
+
+        running, waiting = self.in_slots()
+        return used(running), used(waiting)
 
 
 def engine_command(

@@ -33,6 +33,8 @@ class Emitter:
         stats = {"prompt": str(len(req.prompt)), "cached": str(req.cached), "gen": str(req.generated)}
         if req.spec_k:
             stats.update(drafted=str(req.drafted), accepted=str(req.accepted))
+        if req.t_admit:
+            stats["queue_ms"] = f"{(req.t_admit - req.t_arrive) * 1e3:.2f}"
         if req.t_first:
             stats["ttft_ms"] = f"{(req.t_first - req.t_arrive) * 1e3:.2f}"
             stats["gen_ms"] = f"{(now - req.t_first) * 1e3:.2f}"

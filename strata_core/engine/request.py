@@ -52,6 +52,7 @@ class Request:
     ngrams: NgramIndex | None = None  # n-gram speculation: the prompt and emitted tokens
     t_arrive: float = field(default_factory=time.perf_counter)
     t_first: float = 0.0
+    t_admit: float = 0.0  # when it took a slot (its queue time ends)
     plain: bool = field(init=False)  # greedy over the raw row, no grammar: an argmax
     #: its tokens need nothing of a row but the argmax after a logit bias (greedy, no
     #: allowed list, penalties, grammar, logprobs or draft model): llama.cpp may pick them

@@ -167,6 +167,7 @@ class Scheduler:
         free = [s for s in self.slots if s.req is None]
         while self.waiting and free:
             req = self.waiting.popleft()
+            req.t_admit = time.perf_counter()
             if req.isolate:  # it computes its whole prompt itself: take the least cache
                 shared = {s.seq: 0 for s in self.slots}
                 slot = min(free, key=lambda s: len(s.cached))

@@ -89,7 +89,8 @@ def _config(args: argparse.Namespace) -> Config:
             "n_ctx": getattr(args, "n_ctx", None),
             "mmproj": getattr(args, "mmproj", None),
         },
-        "server": {"host": getattr(args, "host", None), "port": getattr(args, "port", None)},
+        "server": {"host": getattr(args, "host", None), "port": getattr(args, "port", None),
+                   "otlp_traces_endpoint": getattr(args, "otlp_traces_endpoint", None)},  # fmt: skip
         "cluster": {"replicas": getattr(args, "replicas", None)},
         "speculative": {
             "draft_model": getattr(args, "draft_model", None),
@@ -215,7 +216,7 @@ def engine_log_path(args: argparse.Namespace, port: int) -> Path | None:
 def exposure_warning(cfg: Config) -> str | None:
     """A warning when the server would listen beyond this machine with no API key."""
     host = cfg.server.host
-    if cfg.server.api_key or host in ("localhost", "::1") or host.startswith("127."):
+    if cfg.server.api_key or cfg.server.api_key_file or host in ("localhost", "::1") or host.startswith("127."):
         return None
     return (f"strata: warning: serving on {host} without an API key: anyone who can reach this port can "
             "use the model (set [server] api_key or STRATA_SERVER_API_KEY, or serve on --host 127.0.0.1)")  # fmt: skip
@@ -231,11 +232,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from strata_core.api.launch import CatalogSource, log_for, model_specs
     from strata_core.api.pool import ModelPool
     from strata_core.api.sampling_defaults import check_defaults
+    from strata_core.api.tls import scheme, tls_options
 
     cfg = _config(args)
     if warning := exposure_warning(cfg):
         print(warning, file=sys.stderr, flush=True)
     check_defaults(cfg.sampling)
+    tls = tls_options(cfg.server)
     host, port = cfg.server.host, cfg.server.port
     log_path = engine_log_path(args, port)
     if cfg.cluster.replicas:
@@ -258,7 +261,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             service = pool.entry(spec.name).service
             kv = f"; {service.kv_summary()}" if service is not None and service.kv_summary() else ""
             print(
-                f"Strata serving {spec.name} on http://{host}:{port}/v1 "
+                f"Strata serving {spec.name} on {scheme(cfg.server)}://{host}:{port}/v1 "
                 f"(backend {spec.backend.name}, model file {spec.path}{kv})",
                 flush=True,
             )
@@ -267,7 +270,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # `kill -USR1` on the server prints every thread's stack to the console (the engine's
     # go to its log): what a hung request waits on, without a debugger (README, "Logs and metrics")
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    uvicorn.run(app, host=host, port=port, log_level=args.log_level)
+    uvicorn.run(app, host=host, port=port, log_level=args.log_level, **tls)
     return 0
 
 
@@ -317,6 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replicas", type=int,
                    help="serve through this many Ray Serve replicas, one engine each (needs "
                         "strata[ray]; sets [cluster] replicas)")  # fmt: skip
+    p.add_argument("--otlp-traces-endpoint", metavar="URL",
+                   help="export a trace span per request over OTLP/HTTP to this collector, e.g. "
+                        "http://collector:4318/v1/traces (needs strata[otel])")  # fmt: skip
     p.add_argument("--log-level", default="warning", choices=LOG_LEVELS,
                    help="what the console shows (default warning); debug and trace also show the "
                         "engine's log (llama.cpp)")  # fmt: skip

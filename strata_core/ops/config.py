@@ -7,6 +7,7 @@ message naming it.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import sys
 import typing
@@ -35,6 +36,13 @@ class _Section(BaseModel):
 #: Most GPUs one model may use (llama.cpp's ``llama_max_devices()``).
 MAX_DEVICES = 16
 SPLIT_MODES = ("none", "layer", "tensor")
+
+
+def comma_list(value: Any) -> Any:
+    """A list key given as one string (an environment variable): its comma-separated items."""
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return value
 
 
 class ServerConfig(_Section):
@@ -68,6 +76,56 @@ class ServerConfig(_Section):
     fetch_media_max_bytes: int = Field(default=20 << 20, ge=1024)
     #: Seconds a media fetch may take, redirects included.
     fetch_media_timeout: float = Field(default=10.0, gt=0)
+    #: The hosts media is fetched from (``example.com``, or ``*.example.com`` for its
+    #: subdomains), at the first URL and at every redirect; empty: any public host.
+    media_domains: list[str] = Field(default_factory=list)
+    #: Networks (CIDR, e.g. ``10.0.0.0/8``) whose addresses media may be fetched from
+    #: though they are not public; empty: loopback, link-local, private, multicast and
+    #: reserved addresses are refused.
+    media_networks: list[str] = Field(default_factory=list)
+    #: A file whose first line is the API key (a mounted secret); instead of api_key.
+    api_key_file: str | None = None
+    #: Origins a browser may call the API from (CORS), e.g. ``https://app.example.com``,
+    #: or ``*`` for any; empty: no CORS headers, so browsers refuse cross-origin calls.
+    cors_origins: list[str] = Field(default_factory=list)
+    #: Serve HTTPS with this certificate (PEM, its chain after it) and private key.
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    #: Export a trace span per request over OTLP/HTTP to this collector
+    #: (``http://collector:4318/v1/traces``; needs ``strata[otel]``); None: no tracing.
+    otlp_traces_endpoint: str | None = None
+
+    _lists = field_validator("media_domains", "media_networks", "cors_origins", mode="before")(comma_list)
+
+    @field_validator("media_networks")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for n in value:
+            try:
+                ipaddress.ip_network(n)
+            except ValueError:
+                raise ValueError(f"{n!r} is not a network in CIDR form (e.g. 10.0.0.0/8, fd00::/8)") from None
+        return value
+
+    @model_validator(mode="after")
+    def _one_key_and_both_tls_files(self) -> ServerConfig:
+        if self.api_key and self.api_key_file:
+            raise ValueError("api_key and api_key_file are both set: keep one")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("TLS needs both ssl_certfile and ssl_keyfile (or neither)")
+        return self
+
+    def key(self) -> str | None:
+        """The API key: api_key, or api_key_file's first line."""
+        if not self.api_key_file:
+            return self.api_key
+        try:
+            lines = Path(self.api_key_file).read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise ConfigError(f"[server] api_key_file = {self.api_key_file!r}: cannot read it: {exc.strerror}") from None
+        if not lines or not lines[0].strip():
+            raise ConfigError(f"[server] api_key_file = {self.api_key_file!r} is empty: write the key on its first line")
+        return lines[0].strip()
 
 
 #: The KV cache types llama.cpp takes (its ``--cache-type-k`` / ``-v`` names).

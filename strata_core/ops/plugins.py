@@ -19,6 +19,7 @@ import pluggy
 
 from strata_core.ops import hookspecs
 from strata_core.ops.backend_spec import API_VERSION, Backend, ProbeStatus
+from strata_core.ops.build import find_engine
 
 ENTRY_POINT_GROUP = "strata.backends"
 
@@ -117,19 +118,35 @@ def load_registry() -> Registry:
 AUTO_ORDER = ("cuda", "hip", "sycl", "metal", "cpu")
 
 
-def select_backend(reg: Registry, requested: str, for_build: bool = False) -> Backend:
-    """``auto`` takes the first backend whose probe is ok; a named one must be ok. With
-    ``for_build`` a named one whose toolchain is there but that sees no device will do:
-    an engine can be built on a machine without the GPU (its build spec then needs the
+def runnable(backend: Backend, engine_given: bool = False) -> bool:
+    """Its probe is ok, or only its toolchain is missing and its engine needs none: given
+    (``[engine] llama_cpp``) or already built (a container image has no compiler)."""
+    status = backend.probe().status
+    if status is not ProbeStatus.TOOLCHAIN_MISSING:
+        return status is ProbeStatus.OK
+    if engine_given:
+        return True
+    try:
+        return find_engine(backend.name, backend.build_spec()) is not None
+    except Exception:  # a build spec may need the missing toolchain (nvcc): nothing found
+        return False
+
+
+def select_backend(reg: Registry, requested: str, for_build: bool = False, engine_given: bool = False) -> Backend:
+    """``auto`` takes the first backend that can run (``runnable``); a named one must run.
+    With ``for_build`` a named one whose toolchain is there but that sees no device will
+    do: an engine can be built on a machine without the GPU (its build spec then needs the
     targets named, e.g. STRATA_HIP_TARGETS)."""
     if requested == "auto":
         for name in AUTO_ORDER:
-            if name in reg.backends and reg.backends[name].backend.probe().ok:
+            if name in reg.backends and runnable(reg.backends[name].backend, engine_given):
                 return reg.backends[name].backend
         raise BackendError("no backend can run here (not even cpu); run `strata doctor`")
     backend = reg.get(requested)
     probe = backend.probe()
     if for_build and probe.status is ProbeStatus.NO_DEVICE:
+        return backend
+    if not for_build and runnable(backend, engine_given):
         return backend
     if not probe.ok:
         others = [

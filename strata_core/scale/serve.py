@@ -83,10 +83,13 @@ def replica_config(cfg: Config, backends: set[str]) -> Config:
 def serve_cluster(cfg: Config, log_level: str, engine_log: Path | None) -> int:
     import uvicorn
 
+    from strata_core.api.cors import add_cors
+    from strata_core.api.tls import scheme, tls_options
     from strata_core.scale.front import create_front
     from strata_core.scale.replica import StrataReplica
 
     ray, serve = import_ray()
+    tls = tls_options(cfg.server)
     # every model resolved and its engine built once here, before the replicas need them
     specs = model_specs(cfg, lambda _: None)
     backends = {s.backend.name for s in specs}
@@ -117,12 +120,13 @@ def serve_cluster(cfg: Config, log_level: str, engine_log: Path | None) -> int:
     host, port = cfg.server.host, cfg.server.port
 
     async def announce() -> None:
-        print(f"Strata serving {names} on http://{host}:{port}/v1 ({c.replicas} Ray Serve replicas, "
+        print(f"Strata serving {names} on {scheme(cfg.server)}://{host}:{port}/v1 ({c.replicas} Ray Serve replicas, "
               f"backend {on}, routing {c.routing})", flush=True)  # fmt: skip
 
     app = create_front(replicas, on_ready=announce)
+    add_cors(app, cfg.server.cors_origins)  # the front answers preflights: it forwards no OPTIONS
     try:
-        uvicorn.run(app, host=host, port=port, log_level=log_level)
+        uvicorn.run(app, host=host, port=port, log_level=log_level, **tls)
     finally:
         if c.address is not None:  # someone else's cluster: take only our application down
             serve.delete(APP_NAME)
