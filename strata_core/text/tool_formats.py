@@ -104,7 +104,7 @@ class ToolFormat:
 
     def markers(self) -> tuple[str, ...]:
         """Texts where the calls of a reply may begin."""
-        first = self.open or next((p.text for p in self.call if isinstance(p, Lit)), "")
+        first = self.open or (self.call[0].text if isinstance(self.call[0], Lit) else "")
         return tuple(m for m in (first.strip(), *self.starts) if m)
 
     def read_call(

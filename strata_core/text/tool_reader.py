@@ -129,7 +129,7 @@ class FormatParser:
         while self._buf:
             hit = _earliest(self._buf, self._marks + self._strip)
             if hit is None:
-                hold = max(held_prefix(self._buf, m) for m in self._marks + self._strip)
+                hold = max((held_prefix(self._buf, m) for m in self._marks + self._strip), default=0)
                 before, tail = self._buf[: len(self._buf) - hold], self._buf[len(self._buf) - hold :]
                 if final:  # the reply ended: a tail that had begun a marker is markup right after
                     # calls (nothing but whitespace between), or where it had begun the marker's punctuation

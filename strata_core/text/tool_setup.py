@@ -18,9 +18,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from strata_core.text.tool_derive import CALL_ID, PROBE_TOOLS, derive
 from strata_core.text.tool_formats import FORMATS, ToolFormat
 from strata_core.text.tool_reader import FormatParser
-from strata_core.text.tool_syntax import Json, Lit, Name, Written
+from strata_core.text.tool_syntax import Written
 from strata_core.text.tools import new_call_id
 
 if TYPE_CHECKING:
@@ -165,34 +166,6 @@ def find_format(text: str, calls: list[tuple[str, Any]]) -> ToolFormat | None:
     return next((f for f in FORMATS if _reads(f, text, calls)), None)
 
 
-def derive_format(text: str) -> ToolFormat | None:
-    """A format from a probe call's rendering: the text before the name, between the name
-    and the arguments, and after them; or, where the name sits in a JSON object with the
-    arguments, the text around that object."""
-    args = json.dumps(PROBE_ARGS, ensure_ascii=False)
-    name_at, args_at = text.find(PROBE_NAME), text.find(args)
-    if name_at < 0 or args_at < 0:
-        return None
-    obj = re.search(r'\{\s*"name"\s*:\s*"' + PROBE_NAME + r'"', text)
-    tail = text[args_at + len(args) :]
-    if obj is not None and obj.start() < args_at:
-        end = args_at + len(args) + len(tail) - len(tail.lstrip("} \n"))
-        head, tail = text[: obj.start()], text[end:]
-        parts: tuple[Any, ...] = (Lit(head.strip()), Json("call"))
-    else:
-        head, mid = text[:name_at], text[name_at + len(PROBE_NAME) : args_at]
-        if not mid.strip():
-            return None
-        parts = (Lit(head.strip()), Name((mid.strip(),)), Lit(mid), Json())
-    close = tail.split("\n")[0].strip()
-    # the marker right after the arguments: a tag, a bracketed word, a fence or a run of symbols
-    close = re.match(r"(<[^<>]*>|\[[^\[\]]*\]|```|[^\w\s<\[]+)?", close).group(0) or ""  # type: ignore[union-attr]
-    if not head.strip():
-        return None
-    fmt = ToolFormat("derived", tuple(p for p in parts if not (isinstance(p, Lit) and not p.text.strip())) + ((Lit(close),) if close else ()))
-    return fmt if _reads(fmt, text, [(PROBE_NAME, PROBE_ARGS)]) else None
-
-
 def _raises(template: ChatTemplate, messages: list[dict[str, Any]], tools: list[Any]) -> bool:
     return _renders(template, _BASE + messages, tools, False) is None
 
@@ -200,8 +173,22 @@ def _raises(template: ChatTemplate, messages: list[dict[str, Any]], tools: list[
 def probe(template: ChatTemplate) -> ToolSetup | None:
     """How ``template`` wants tools; None when it never reads them or writes calls in a way
     nothing can be derived from (then only the server's generic format can serve)."""
+    got = setup_or_why(template)
+    return got if isinstance(got, ToolSetup) else None
+
+
+def setup_or_why(template: ChatTemplate) -> ToolSetup | str | None:
+    """How ``template`` wants tools; None when it never reads them; why, in words, when it
+    renders calls in a shape no format can be derived from."""
     if not re.search(r"\btools\b", template.source):
         return None
+    try:
+        return _probe(template)
+    except Exception as exc:  # a template's oddity is a reason to serve the generic format, never a failure
+        return f"probing it failed: {type(exc).__name__}: {exc}"
+
+
+def _probe(template: ChatTemplate) -> ToolSetup | str:
     bare = {**PROBE_TOOL, "function": {**PROBE_TOOL["function"], "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}  # fmt: skip
     described = _renders(template, _BASE, [bare], True) is None and _renders(template, _BASE, [PROBE_TOOL], True) is not None
@@ -219,10 +206,24 @@ def probe(template: ChatTemplate) -> ToolSetup | None:
     fmt = find_format(text, [(PROBE_NAME, PROBE_ARGS)])
     if fmt is not None:
         return replace(setup, format=fmt)
-    derived = derive_format(text)
-    if derived is not None:
-        return replace(setup, format=derived, derived=True)
-    return None  # nothing to derive: the server's generic format, where it is on
+    derived = derive_format(template, setup)
+    if isinstance(derived, str):
+        return derived
+    return replace(setup, format=derived, derived=True)
+
+
+def derive_format(template: ChatTemplate, setup: ToolSetup) -> ToolFormat | str:
+    """The format the template's own rendering of probe calls shows (tool_derive.py), or
+    why there is none."""
+
+    def render(calls: list[tuple[str, Any]]) -> str | None:
+        made = [{"id": CALL_ID, "type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]
+        turn = {"role": "assistant", "content": "", "tool_calls": made}
+        return turn_text(template, setup.messages([turn]), setup.tools(PROBE_TOOLS))
+
+    plain = turn_text(template, [{"role": "assistant", "content": "Hello."}], PROBE_TOOLS) or ""
+    end = plain[plain.find("Hello.") + len("Hello.") :] if "Hello." in plain else ""
+    return derive(render, end)
 
 
 def _turn(call_id: str, args_text: bool) -> dict[str, Any]:
