@@ -43,10 +43,10 @@ PROBE_TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {
         "name": "get_weather", "description": "The weather of a city",
         "parameters": {"type": "object", "properties": {
-            "city": {"type": "string", "description": "the city"},
+            "location": {"type": "string", "description": "the city"},
             "days": {"type": "integer", "description": "how many days"},
             "opts": {"type": "object", "description": "options", "properties": {"unit": {"type": "string"}}}},
-            "required": ["city"]}}},
+            "required": ["location"]}}},
     {"type": "function", "function": {
         "name": "get_time", "description": "The time in a zone",
         "parameters": {"type": "object", "properties": {
@@ -56,9 +56,9 @@ PROBE_TOOLS: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 Calls = list[tuple[str, dict[str, Any]]]
-ONE: Calls = [("get_weather", {"city": "Paris", "days": 2})]
+ONE: Calls = [("get_weather", {"location": "Paris", "days": 2})]  # keys unsorted: a sorting template shows it
 TWO: Calls = [*ONE, ("get_time", {"zone": "UTC", "style": "short"})]
-NESTED: Calls = [("get_weather", {"city": "Paris", "opts": {"unit": "C"}})]
+NESTED: Calls = [("get_weather", {"location": "Paris", "opts": {"unit": "C"}})]
 PROBES = (ONE, TWO, NESTED)
 
 #: the template's rendering of an assistant turn making these calls (what follows the
@@ -81,6 +81,7 @@ class Spot:
 
 
 _SEPARATORS = ((", ", ": "), (",", ":"), (",", ": "), (", ", ":"))
+_STYLES = tuple((seps, sort) for sort in (False, True) for seps in _SEPARATORS)
 
 
 def _decode(text: str, at: int) -> tuple[Any, int] | None:
@@ -90,9 +91,13 @@ def _decode(text: str, at: int) -> tuple[Any, int] | None:
         return None
 
 
-def _separators(value: Any, text: str) -> tuple[str, str] | None:
-    """The separators ``json.dumps`` writes ``text`` (``value``'s JSON) with, if any."""
-    return next((s for s in _SEPARATORS if json.dumps(value, ensure_ascii=False, separators=s) == text), None)
+def _json_style(value: Any, text: str) -> dict[str, Any]:
+    """How ``json.dumps`` writes ``text`` (``value``'s JSON): its separators and whether it
+    sorts keys, as :class:`Json`'s fields (none where no way gives the text)."""
+    for seps, sort in _STYLES:
+        if json.dumps(value, ensure_ascii=False, separators=seps, sort_keys=sort) == text:
+            return {"separators": seps, "sort_keys": sort}
+    return {}
 
 
 # ---- locating one call ------------------------------------------------------------------------
@@ -116,11 +121,12 @@ def _json_call(text: str, name: str, args: dict[str, Any], frm: int) -> list[Spo
 
 
 def _json_spot(text: str, at: int, end: int, obj: dict[str, Any], name: str, args: dict[str, Any]) -> Spot | None:
-    seps = _separators(obj, text[at:end])
+    # the object with the arguments in the order given (the rendering's may be sorted)
+    style = _json_style({k: args if v == args else v for k, v in obj.items()}, text[at:end])
     first = re.match(r'\{\s*"(?:[^"\\]|\\.)*"', text[at:end])
     lead = first.group(0) if first else "{"
     if list(obj.items()) == [(name, args)]:
-        return Spot(at, end, (Json("call", keyed=True, separators=seps),), lead)
+        return Spot(at, end, (Json("call", keyed=True, **style),), lead)
     layout: list[tuple[str, str, Any]] = []
     for key, value in obj.items():
         roles = {r for _, r, _ in layout}
@@ -136,7 +142,7 @@ def _json_spot(text: str, at: int, end: int, obj: dict[str, Any], name: str, arg
             return None
     if {r for _, r, _ in layout} < {"name", "args"}:
         return None
-    return Spot(at, end, (Json("call", layout=tuple(layout), separators=seps),), lead)
+    return Spot(at, end, (Json("call", layout=tuple(layout), **style),), lead)
 
 
 _PY_STYLES = tuple(
@@ -175,11 +181,11 @@ def _name_then_json(text: str, name: str, args: dict[str, Any], frm: int) -> lis
             got = _decode(text, after + j)
             if got is not None and got[0] == args:
                 mid = text[after : after + j]
-                seps = _separators(args, text[after + j : got[1]])
+                style = _json_style(args, text[after + j : got[1]])
                 stop = mid.strip() or "{"
                 if stop != "{" and stop in name:
                     break
-                core = (Name((stop,)), *((Lit(mid),) if mid.strip() else ()), Json(separators=seps))
+                core = (Name((stop,)), *((Lit(mid),) if mid.strip() else ()), Json(**style))
                 return [Spot(at, got[1], core)]
         at = text.find(name, at + 1)
     return []

@@ -74,8 +74,10 @@ class FormatParser:
         self._new_id = new_id
         self._marks = fmt.markers()
         # markup that makes no text: the family's own, and a calls block's closing marker
-        # written with no block open
-        self._strip = fmt.strip + ((fmt.close.strip(),) if fmt.close.strip() else ())
+        # written with no block open (one that is markup, not a bracket or part of a marker)
+        close = fmt.close.strip()
+        stray = len(close) > 1 and not any(close in m for m in self._marks)
+        self._strip = fmt.strip + ((close,) if stray else ())
         self._buf = ""
         self.calls: list[ToolCall] = []
         self.spans: list[tuple[int, int]] = []  # where each calls block was, in the text pushed

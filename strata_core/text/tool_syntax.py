@@ -109,6 +109,19 @@ def closed(schema: Any) -> Any:
     return out
 
 
+def sorted_schema(schema: Any) -> Any:
+    """``schema`` with every object's properties listed in key order: a grammar writes them
+    in the order listed, and some families' JSON sorts keys."""
+    if isinstance(schema, list):
+        return [sorted_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: sorted_schema(v) if k != "properties" and k != "const" else v for k, v in schema.items()}
+    if isinstance(schema.get("properties"), dict):
+        out["properties"] = {k: sorted_schema(schema["properties"][k]) for k in sorted(schema["properties"])}
+    return out
+
+
 def json_rule(schema: Any, style: dict[str, Any]) -> str:
     """A JSON value of ``schema`` (objects closed, :func:`closed`) as a grammar says it."""
     return "%json " + json.dumps({**closed(schema), "x-guidance": style}, ensure_ascii=False)
@@ -414,6 +427,7 @@ class Json:
     #: "args", "id" or "const" (``value`` as written); empty: ``lead``, ``keys``, ``trail``
     layout: tuple[tuple[str, str, Any], ...] = ()
     separators: tuple[str, str] | None = None  # as the family's JSON separates items, keys
+    sort_keys: bool = False  # the family's JSON writes every object's keys sorted
 
     def _keys(self) -> tuple[str, str]:
         if not self.layout:
@@ -489,7 +503,7 @@ class Json:
 
     def write(self, c: Written, tools: Mapping[str, Any]) -> str:
         value = c.arguments if self.what == "args" else self._obj(c)
-        return json.dumps(value, ensure_ascii=False, indent=self.indent, separators=self.separators)
+        return json.dumps(value, ensure_ascii=False, indent=self.indent, separators=self.separators, sort_keys=self.sort_keys)
 
     def rule(self, name: str, schema: Any, style: dict[str, Any], exact: bool = False) -> str:
         params = schema or {"type": "object"}  # (json_rule closes it to the tool's parameters)
@@ -502,10 +516,12 @@ class Json:
         elif self.keyed:
             params = {"type": "object", "properties": {name: params}, "required": [name], "additionalProperties": False}
         elif self.what != "args":
-            props: dict[str, Any] = {k: _id_schema(v) for k, v in self.lead.items()}
+            props = {k: _id_schema(v) for k, v in self.lead.items()}
             props |= {self.keys[0]: {"const": name}, self.keys[1]: params}
             props |= {k: _id_schema(v) for k, v in self.trail.items()}
             params = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+        if self.sort_keys:
+            params = sorted_schema(params)
         value = json_rule(params, style)
         return value if exact else f"{WS} {value}"  # a list of calls: the format's grammar says the list
 
