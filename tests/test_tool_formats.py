@@ -27,6 +27,7 @@ from strata_core.text.grammars import grammar_error, llguidance_grammar
 from strata_core.text.tool_formats import ToolFormat
 from strata_core.text.tool_reader import FormatParser, reply_parser
 from strata_core.text.tool_setup import ToolSetup, probe, turn_text
+from strata_core.text.tool_syntax import Written
 
 TEMPLATES = tool_templates()
 
@@ -237,6 +238,26 @@ def test_the_grammar_accepts_the_templates_rendering(name: str, tokenizer: Any) 
     assert accepts(tokenizer, named, calls_block(setup, one)), f"{name}:\n{named}"
     assert not accepts(tokenizer, grammar_of(setup.format, [TIME], parallel=False), calls_block(setup, one))
 
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_a_forced_call_starts_as_the_template_renders_one(name: str, tokenizer: Any) -> None:
+    """The native check: the text a forced call makes (the format's writing of the calls,
+    which the grammar accepts) opens as the template's own rendering does, up to the first
+    name (whitespace aside, which only the exact families fix)."""
+    template, setup = setup_of(name)
+    calls = CALLS[:1] if name in ONE_CALL_A_TURN or name in MESSAGE_PER_CALL else CALLS
+    ids = [setup.new_id() for _ in calls]
+    text = turn_text(template, setup.messages([assistant_turn(calls, ids)]), setup.tools(TOOLS))
+    assert text is not None
+    block = calls_block(setup, text)
+    made = setup.format.write([Written(n, a, i, k) for k, ((n, a), i) in enumerate(zip(calls, ids, strict=True))], {})
+    assert accepts(tokenizer, grammar_of(setup.format, TOOLS, parallel=len(calls) > 1), made.strip()), f"{name}: {made!r}"
+    if setup.format.bare:  # the generation prompt wrote the first call's marker (Functionary v3.2's >>>)
+        made = made.removeprefix(setup.format.starts[0])
+    first = calls[0][0]
+    opening, rendered_opening = ("".join(t[: t.find(first)].split()) for t in (made, block))
+    assert opening == rendered_opening, f"{name}: {made!r} / {block!r}"
 
 
 @pytest.mark.parametrize("name", TEMPLATES)

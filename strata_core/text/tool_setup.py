@@ -205,7 +205,7 @@ def _probe(template: ChatTemplate) -> ToolSetup | str:
         return replace(setup, format=fmt or _HERMES, calls_in_content=True)
     fmt = find_format(text, [(PROBE_NAME, PROBE_ARGS)])
     if fmt is not None:
-        return replace(setup, format=fmt)
+        return replace(setup, format=fmt.fitted(text))
     derived = derive_format(template, setup)
     if isinstance(derived, str):
         return derived

@@ -247,6 +247,7 @@ class Opt:
     """Parts that may be absent: absent when the first one does not match."""
 
     parts: tuple[Part, ...]
+    forced: bool = True  # a forced call may write them (False: the template never does)
 
     def read(self, text: str, at: int, r: Read, final: bool) -> int | str:
         first = self.parts[0].read(text, at, r, final)
@@ -257,9 +258,11 @@ class Opt:
         return read_parts(self.parts, text, at, r, final)
 
     def write(self, c: Written, tools: Mapping[str, Any]) -> str:
-        return write_parts(self.parts, c, tools)
+        return write_parts(self.parts, c, tools) if self.forced else ""
 
     def rule(self, name: str, schema: Any, style: dict[str, Any], exact: bool = False) -> str:
+        if not self.forced:
+            return '""'
         return f"({' '.join(p.rule(name, schema, style, exact) for p in self.parts)})?"
 
 
@@ -500,6 +503,11 @@ class Json:
         lead = {k: v.format(id=c.id, index=c.index) for k, v in self.lead.items()}
         trail = {k: v.format(id=c.id, index=c.index) for k, v in self.trail.items()}
         return {**lead, self.keys[0]: c.name, self.keys[1]: c.arguments, **trail}
+
+    def write_list(self, calls: Sequence[Written]) -> str:
+        """Calls as one JSON list of call objects."""
+        objs = [self._obj(c) for c in calls]
+        return json.dumps(objs, ensure_ascii=False, indent=self.indent, separators=self.separators, sort_keys=self.sort_keys)
 
     def write(self, c: Written, tools: Mapping[str, Any]) -> str:
         value = c.arguments if self.what == "args" else self._obj(c)
