@@ -366,15 +366,18 @@ def test_a_reasoning_tag_amid_a_glm_reply_makes_no_content() -> None:
 
 
 def test_a_call_block_cut_short_makes_no_content() -> None:
-    """A reply that ran out of tokens mid-call: the calls before stand, the fragment is no
-    content (it is markup), also where no call came before it; a marker followed by what
-    can be no call stays content."""
+    """A reply that ran out of tokens mid-call: the calls before stand, the one cut short
+    comes back as far as it was written (its name, no parameter complete: none), the
+    fragment is no content (it is markup), also where no call came before it; a marker
+    followed by what can be no call stays content."""
     _, setup = setup_of("Qwen3-Coder.jinja")
     one = '<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>'
     cut = "\n<tool_call>\n<function=get_time>\n<parameter=zo"
     content, calls, _ = parse(setup.format, one + cut, [len(one) + 5])
-    assert calls == [("get_time", {"zone": "UTC"})] and content == ""
+    assert calls == [("get_time", {"zone": "UTC"}), ("get_time", {})] and content == ""
     content, calls, _ = parse(setup.format, "Maybe " + cut, [])
+    assert calls == [("get_time", {})] and content == "Maybe \n"
+    content, calls, _ = parse(setup.format, "Maybe \n<tool_call>\n<function=get_ti", [])
     assert calls == [] and content == "Maybe \n"
     content, calls, _ = parse(setup.format, "Say <tool_call> twice: <tool_call>, then stop.", [])
     assert calls == [] and content == "Say <tool_call> twice: <tool_call>, then stop."
@@ -391,9 +394,9 @@ def test_a_call_block_cut_short_makes_no_content() -> None:
         calls = [("get_weather", {"city": "Paris"})] if call in text else []
         for cuts in ([], list(range(1, len(text)))):
             assert parse(gpt.format, text, cuts)[:2] == (want, calls), (text, cuts)
-    _, gemma = setup_of("google-gemma-4-31B-it.jinja")  # its closing marker never came
+    _, gemma = setup_of("google-gemma-4-31B-it.jinja")  # its closing marker never came: the call as written
     content, calls, _ = parse(gemma.format, 'So <|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call>\n<', [])
-    assert calls == [] and content == "So "
+    assert calls == [("get_weather", {"city": "Paris"})] and content == "So "
 
 
 def test_a_forced_turn_makes_as_many_calls_as_tools_are_offered(tokenizer: Any) -> None:
@@ -539,3 +542,24 @@ def test_a_format_is_derived_from_an_unknown_template(tokenizer: Any) -> None:
 def test_nothing_derivable_leaves_the_generic_format() -> None:
     odd = "{% for m in messages %}{{ m.content }}{% for c in m.tool_calls or [] %}{{ c.function.name }}{% endfor %}{% endfor %}{{ tools | length }}"
     assert ChatTemplate(odd).tool_setup is None
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_a_call_cut_short_in_a_value_comes_back_as_written(name: str) -> None:
+    """max_tokens ended the reply inside the first call's first value (``Par`` of
+    ``Paris``): the call comes back with its name and its arguments so far, the value
+    as far as written, whole and streamed (OpenAI's answer to a call cut short)."""
+    setup, text, _ = rendered(name)
+    cut = text[: text.index("Paris") + 3]
+    for cuts in ([], list(range(1, len(cut)))):
+        p = reply_parser(setup.format, TOOLS)
+        events: list[Any] = []
+        at = 0
+        for c in [*cuts, len(cut)]:
+            events += p.push(cut[at:c])
+            at = c
+        events += p.flush()
+        assert [c.name for c in p.calls] == ["get_weather"], (name, cuts, events)
+        assert p.calls[0].arguments.startswith('{"city": "Par'), (name, p.calls[0])
+        streamed = "".join(e.arguments for e in events if not isinstance(e, str))
+        assert streamed == p.calls[0].arguments, (name, events)

@@ -291,7 +291,8 @@ def json_end(text: str, at: int) -> int | None:
 
 def item_ends(body: str, quotes: tuple[str, ...]) -> list[int]:
     """Where the complete items of the bracketed list that ``body`` opens end: its commas
-    at depth 1, outside strings (each opened and closed by one of ``quotes``)."""
+    at depth 1, outside strings (each opened and closed by one of ``quotes``), and its
+    closing bracket."""
     ends: list[int] = []
     depth, quote, i = 0, "", 0
     while i < len(body):
@@ -309,8 +310,10 @@ def item_ends(body: str, quotes: tuple[str, ...]) -> list[int]:
             continue
         ch = body[i]
         depth += (ch in "([{") - (ch in ")]}")
-        if ch == "," and depth == 1:
+        if (ch == "," and depth == 1) or (ch in ")]}" and depth == 0):  # an item's comma, the list's end
             ends.append(i)
+            if depth == 0:
+                break
         i += 1
     return ends
 
