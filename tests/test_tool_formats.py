@@ -74,14 +74,19 @@ def rendered(name: str) -> tuple[ToolSetup, str, list[tuple[str, dict[str, Any]]
     return setup, text[: p.spans[-1][1]], calls
 
 
-def parse(fmt: ToolFormat, text: str, cuts: list[int]) -> tuple[str, list[tuple[str, Any]], list[Any]]:
+def pushed(fmt: ToolFormat, text: str, cuts: list[int]) -> tuple[Any, list[Any]]:
+    """A reply parser fed ``text`` in pieces cut at ``cuts``, and the events it made."""
     p = reply_parser(fmt, TOOLS)
     events: list[Any] = []
     at = 0
     for c in cuts + [len(text)]:
         events += p.push(text[at:c])
         at = c
-    events += p.flush()
+    return p, events + p.flush()
+
+
+def parse(fmt: ToolFormat, text: str, cuts: list[int]) -> tuple[str, list[tuple[str, Any]], list[Any]]:
+    p, events = pushed(fmt, text, cuts)
     content = "".join(e for e in events if isinstance(e, str))
     return content, [(c.name, json.loads(c.arguments)) for c in p.calls], events
 
@@ -552,13 +557,7 @@ def test_a_call_cut_short_in_a_value_comes_back_as_written(name: str) -> None:
     setup, text, _ = rendered(name)
     cut = text[: text.index("Paris") + 3]
     for cuts in ([], list(range(1, len(cut)))):
-        p = reply_parser(setup.format, TOOLS)
-        events: list[Any] = []
-        at = 0
-        for c in [*cuts, len(cut)]:
-            events += p.push(cut[at:c])
-            at = c
-        events += p.flush()
+        p, events = pushed(setup.format, cut, cuts)
         assert [c.name for c in p.calls] == ["get_weather"], (name, cuts, events)
         assert p.calls[0].arguments.startswith('{"city": "Par'), (name, p.calls[0])
         streamed = "".join(e.arguments for e in events if not isinstance(e, str))
