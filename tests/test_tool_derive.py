@@ -136,3 +136,20 @@ def test_a_synthetic_template_gets_its_own_format(shape: shaped.Shape, calls: Ca
     source = shape.template()
     check(source, calls, tokenizer, list(range(1, 4000, step)))
 
+
+
+def test_doctor_says_which_format_a_template_gets(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """``strata doctor --template FILE``: the format, how it was found, a call as a forced
+    reply writes it and as the template renders it; the generic format and why."""
+    from strata_core.ops.cli import main
+
+    (tmp_path / "py.jinja").write_text(shaped.PYTHONIC)
+    (tmp_path / "prose.jinja").write_text(shaped.PROSE)
+    assert main(["doctor", "--template", str(tmp_path / "py.jinja")]) == 0
+    out = capsys.readouterr().out
+    assert "format: derived" in out and "example call: '[get_weather(city=\"Paris\", days=2)]'" in out, out
+    assert "the template renders it: '[get_weather(city=\"Paris\", days=2)]" in out, out
+    assert main(["doctor", "--template", str(tmp_path / "prose.jinja")]) == 0
+    out = capsys.readouterr().out
+    assert "format: generic (" in out and "I would use get_weather" in out, out
+    assert main(["doctor", "--template", str(tmp_path / "none.jinja")]) == 2

@@ -231,3 +231,27 @@ def _turn(call_id: str, args_text: bool) -> dict[str, Any]:
 
 
 _HERMES = next(f for f in FORMATS if f.name == "hermes")
+
+
+def report(template: ChatTemplate) -> list[str]:
+    """What Strata makes of ``template`` for tools, in lines for a person: the format its
+    calls are read and forced in (and how it was found), the history shape it reads, and a
+    call as a forced reply writes it (``strata doctor --template``)."""
+    got = setup_or_why(template)
+    example = [Written(PROBE_NAME, dict(PROBE_ARGS), _SHORT_ID)]
+    if got is None or isinstance(got, str):
+        why = "it never reads `tools`" if got is None else got
+        call = json.dumps({"tool_call": {"name": PROBE_NAME, "arguments": PROBE_ARGS}})
+        return [f"format: generic ({why}): the server shows the tools in the system message", f"example call: {call}"]
+    fmt = got.format
+    found = "derived from the template's rendering of probe calls" if got.derived else "in the registry"
+    lines = [f"format: {fmt.name} ({found}{', written byte for byte as the template writes it' if fmt.exact else ''})"]
+    shape = [what for what, on in (("arguments as JSON text", got.args_text), ("9-alphanumeric call ids", got.short_ids),
+             ("every parameter described", got.described), ("calls written into the content", got.calls_in_content)) if on]  # fmt: skip
+    if shape:
+        lines.append(f"history: {', '.join(shape)}")
+    lines.append(f"example call: {fmt.write(example, {})!r}")
+    if not got.calls_in_content:
+        rendered = turn_text(template, got.messages([_turn(_SHORT_ID, got.args_text)]), got.tools([PROBE_TOOL]))
+        lines.append(f"the template renders it: {rendered!r}")
+    return lines
