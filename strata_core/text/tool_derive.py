@@ -55,6 +55,13 @@ PROBE_TOOLS: list[dict[str, Any]] = [
             "required": ["zone"]}}},
 ]  # fmt: skip
 
+#: the probe's tools without the object parameter, for templates that refuse it
+FLAT_TOOLS: list[dict[str, Any]] = [
+    {**t, "function": {**t["function"], "parameters": {**t["function"]["parameters"], "properties": {
+        k: v for k, v in t["function"]["parameters"]["properties"].items() if v["type"] != "object"}}}}
+    for t in PROBE_TOOLS
+]  # fmt: skip
+
 Calls = list[tuple[str, dict[str, Any]]]
 ONE: Calls = [("get_weather", {"location": "Paris", "days": 2})]  # keys unsorted: a sorting template shows it
 TWO: Calls = [*ONE, ("get_time", {"zone": "UTC", "style": "short"})]

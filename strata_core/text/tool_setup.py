@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from strata_core.text.tool_derive import CALL_ID, PROBE_TOOLS, derive
+from strata_core.text.tool_derive import CALL_ID, FLAT_TOOLS, PROBE_TOOLS, derive
 from strata_core.text.tool_formats import FORMATS, ToolFormat
 from strata_core.text.tool_reader import FormatParser
 from strata_core.text.tool_syntax import Written
@@ -216,12 +216,16 @@ def derive_format(template: ChatTemplate, setup: ToolSetup) -> ToolFormat | str:
     """The format the template's own rendering of probe calls shows (tool_derive.py), or
     why there is none."""
 
+    # a template that refuses the probe's object parameter (Command R+ wants every object
+    # schema to say additionalProperties) is probed without it
+    tools = PROBE_TOOLS if _renders(template, _BASE, setup.tools(PROBE_TOOLS) or [], True) is not None else FLAT_TOOLS
+
     def render(calls: list[tuple[str, Any]]) -> str | None:
         made = [{"id": CALL_ID, "type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]
         turn = {"role": "assistant", "content": "", "tool_calls": made}
-        return turn_text(template, setup.messages([turn]), setup.tools(PROBE_TOOLS))
+        return turn_text(template, setup.messages([turn]), setup.tools(tools))
 
-    plain = turn_text(template, [{"role": "assistant", "content": "Hello."}], PROBE_TOOLS) or ""
+    plain = turn_text(template, [{"role": "assistant", "content": "Hello."}], setup.tools(tools)) or ""
     end = plain[plain.find("Hello.") + len("Hello.") :] if "Hello." in plain else ""
     return derive(render, end)
 
