@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata_core.text.grammars import JSON_STYLE
-from strata_core.text.tool_syntax import Written, first_wins, item_ends, json_rule, lark_str
+from strata_core.text.tool_syntax import Written, bracket_end, first_wins, item_ends, json_rule, lark_str
 
 _JSON_NAMES = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
 
@@ -102,27 +102,7 @@ def python_encode(c: Written) -> str:
 def python_call_end(text: str, at: int) -> int | None:
     """Where the call ``name(...)`` at ``text[at]`` ends (after its ``)``); None if not yet.
     Brackets inside quoted strings do not count."""
-    depth, quote, esc = 0, "", False
-    for i in range(at, len(text)):
-        ch = text[i]
-        if quote:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == quote:
-                quote = ""
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-            if depth < 0:
-                return -1
-    return None
+    return bracket_end(text, at, ("'", '"'))
 
 
 def _items(schema: Any, item: Any, sep: str) -> str:

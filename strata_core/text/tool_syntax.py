@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -266,27 +266,43 @@ class Opt:
         return f"({' '.join(p.rule(name, schema, style, exact) for p in self.parts)})?"
 
 
+def scan(text: str, at: int, quotes: tuple[str, ...]) -> Iterator[tuple[int, str, int]]:
+    """The one scanner of bracketed notations (JSON, Python calls, Gemma 4's objects): each
+    character of ``text`` from ``at`` outside strings (each opened and closed by one of
+    ``quotes``; a backslash escapes in a one-character quote), with its index and the
+    bracket depth after it."""
+    depth, quote, i = 0, "", at
+    while i < len(text):
+        if quote:
+            if len(quote) == 1 and text[i] == "\\":
+                i += 2
+            elif text.startswith(quote, i):
+                i, quote = i + len(quote), ""
+            else:
+                i += 1
+            continue
+        quote = next((q for q in quotes if text.startswith(q, i)), "")
+        if quote:
+            i += len(quote)
+            continue
+        ch = text[i]
+        depth += (ch in "([{") - (ch in ")]}")
+        yield i, ch, depth
+        i += 1
+
+
+def bracket_end(text: str, at: int, quotes: tuple[str, ...] = ('"',)) -> int | None:
+    """Where the bracketed value whose first bracket is at or after ``text[at]`` ends (after
+    its closing bracket); None if it does not yet, -1 if a bracket closes none."""
+    for i, ch, depth in scan(text, at, quotes):
+        if ch in ")]}" and depth <= 0:
+            return i + 1 if depth == 0 else -1
+    return None
+
+
 def json_end(text: str, at: int) -> int | None:
     """Where the JSON object or array starting at ``text[at]`` ends; None if it does not yet."""
-    depth, in_str, esc = 0, False, False
-    for i in range(at, len(text)):
-        ch = text[i]
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    return None
+    return bracket_end(text, at)
 
 
 def item_ends(body: str, quotes: tuple[str, ...]) -> list[int]:
@@ -294,27 +310,11 @@ def item_ends(body: str, quotes: tuple[str, ...]) -> list[int]:
     at depth 1, outside strings (each opened and closed by one of ``quotes``), and its
     closing bracket."""
     ends: list[int] = []
-    depth, quote, i = 0, "", 0
-    while i < len(body):
-        if quote:
-            if len(quote) == 1 and body[i] == "\\":  # an escape in a Python string
-                i += 2
-            elif body.startswith(quote, i):
-                i, quote = i + len(quote), ""
-            else:
-                i += 1
-            continue
-        quote = next((q for q in quotes if body.startswith(q, i)), "")
-        if quote:
-            i += len(quote)
-            continue
-        ch = body[i]
-        depth += (ch in "([{") - (ch in ")]}")
+    for i, ch, depth in scan(body, 0, quotes):
         if (ch == "," and depth == 1) or (ch in ")]}" and depth == 0):  # an item's comma, the list's end
             ends.append(i)
             if depth == 0:
                 break
-        i += 1
     return ends
 
 
