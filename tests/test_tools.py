@@ -1,4 +1,4 @@
-"""Tool calls: dialect detection, the incremental parser (at every chunk boundary), and the
+"""Tool calls: the incremental parser (at every chunk boundary), and the
 grammar that forces a call, checked offline with llguidance."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from strata_core.text.chat import ChatTemplate
 from strata_core.text.generic_tools import (
     generic_grammar,
     generic_instruction,
@@ -18,12 +19,8 @@ from strata_core.text.generic_tools import (
     tool_parser,
 )
 from strata_core.text.grammars import grammar_error, llguidance_grammar
-from strata_core.text.tools import (
-    CallDelta,
-    Dialect,
-    call_grammar,
-    detect_dialect,
-)
+from strata_core.text.tool_formats import BY_NAME
+from strata_core.text.tools import CallDelta, Dialect
 
 H, L = Dialect.HERMES, Dialect.LLAMA3
 
@@ -142,13 +139,10 @@ def test_any_calls_any_chunking(args: list[dict[str, Any]], dialect: Dialect, in
     check_deltas(events, calls)
 
 
-def test_detect_dialect() -> None:
+def test_templates_that_never_read_tools_get_no_format() -> None:
     smollm2 = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n'}}{% endfor %}"
-    assert detect_dialect(smollm2) is None
-    assert detect_dialect("{% if tools %}<tools>{{ tools | tojson }}</tools> use <tool_call>{% endif %}") is H
-    llama3 = '{%- if tools is not none %}{{ "<|python_tag|>" }}{"name": ..., "parameters": ...}{% endif %}'
-    assert detect_dialect(llama3) is L
-    assert detect_dialect("no tool support, only mentions toolsets") is None
+    assert ChatTemplate(smollm2).tool_setup is None
+    assert ChatTemplate("no tool support, only mentions toolsets").tool_setup is None
 
 
 # ---- the grammar ----------------------------------------------------------------------------
@@ -168,6 +162,11 @@ def accepts(tokenizer: Any, grammar: str, text: str) -> bool:
     m = llguidance.LLMatcher(tokenizer, llguidance_grammar("lark", grammar), log_level=0)
     assert not m.is_error(), m.get_error()
     return bool(m.consume_tokens(list(text.encode()))) and m.is_accepting() and not m.is_error()
+
+
+def call_grammar(tools: list[Any], dialect: Dialect, parallel: bool = True) -> str:
+    """The grammar forcing a call in ``dialect``'s registered format."""
+    return BY_NAME[dialect.value].grammar(tools, parallel=parallel)
 
 
 def test_grammars_are_valid() -> None:

@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata_core.text.grammars import JSON_STYLE
-from strata_core.text.tool_syntax import Written, bracket_end, first_wins, item_ends, json_rule, lark_str
+from strata_core.text.tool_syntax import (
+    Written,
+    bracket_end,
+    first_wins,
+    item_ends,
+    json_rule,
+    lark_str,
+)
 
 _JSON_NAMES = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
 

@@ -1,5 +1,6 @@
-"""Tool calls: which dialect a chat template speaks, an incremental parser of the calls a
-reply makes, and the grammar that forces a call for ``tool_choice`` required / named.
+"""Tool calls: what a call and a streamed piece of one are, and the incremental parser of
+the calls a reply makes in the JSON dialects (which family a template speaks, and the
+grammar forcing its calls, are the format registry's: tool_formats.py, tool_setup.py).
 
 Dialects:
 
@@ -30,13 +31,12 @@ import json
 import re
 import secrets
 import string
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from strata_core.text.detokenize import held_prefix
-from strata_core.text.grammars import JSON_STYLE
 
 HERMES_OPEN = "<tool_call>"
 HERMES_CLOSE = "</tool_call>"
@@ -47,15 +47,6 @@ class Dialect(str, Enum):
     HERMES = "hermes"
     LLAMA3 = "llama3"
     GENERIC = "generic"
-
-
-def detect_dialect(template: str) -> Dialect | None:
-    """The tool-call dialect of a chat template; None when the template never reads
-    ``tools`` (then it cannot show the model any tool: the server may use the generic
-    format, which it shows itself)."""
-    if not re.search(r"\btools\b", template):
-        return None
-    return Dialect.HERMES if HERMES_OPEN in template else Dialect.LLAMA3
 
 
 _ID_CHARS = string.ascii_letters + string.digits
@@ -400,45 +391,3 @@ def split_events(events: Sequence[Event]) -> tuple[str, list[CallDelta]]:
     """Content text and call deltas of a batch of events."""
     text = "".join(e for e in events if isinstance(e, str))
     return text, [e for e in events if isinstance(e, CallDelta)]
-
-
-# ---- forcing a call -------------------------------------------------------------------------
-
-
-def call_schema(tool: Mapping[str, Any], dialect: Dialect) -> dict[str, Any]:
-    """JSON schema of one call object of ``tool`` (``{"type": "function", "function": ...}``)."""
-    fn = tool["function"]
-    key = "parameters" if dialect is Dialect.LLAMA3 else "arguments"
-    params = fn.get("parameters") or {"type": "object"}
-    return {
-        "type": "object",
-        "properties": {"name": {"const": fn["name"]}, key: params},
-        "required": ["name", key],
-        "additionalProperties": False,
-    }
-
-
-def enforced_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    # JSON written as structured outputs write it: no free whitespace, which a small
-    # model would otherwise pad with until max_tokens.
-    return {**schema, "x-guidance": JSON_STYLE}
-
-
-def _lark_string(text: str) -> str:
-    return json.dumps(text)
-
-
-def call_grammar(tools: Sequence[Mapping[str, Any]], dialect: Dialect, parallel: bool = True) -> str:
-    """A Lark grammar (llguidance's dialect, with ``%json``) whose every sentence is one
-    call (or, with ``parallel``, one or more) to one of ``tools``, in ``dialect``'s form."""
-    schemas = [call_schema(t, dialect) for t in tools]
-    schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-    body = "%json " + json.dumps(enforced_schema(schema), ensure_ascii=False)
-    if dialect is Dialect.HERMES:
-        call = f"{_lark_string(HERMES_OPEN + chr(10))} {body} {_lark_string(chr(10) + HERMES_CLOSE)}"
-        sep = _lark_string("\n")
-    else:
-        call, sep = body, _lark_string("; ")
-    start = f"call ({sep} call)*" if parallel else "call"
-    return f"start: {start}\ncall: {call}\n"
-
