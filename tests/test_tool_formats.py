@@ -133,17 +133,16 @@ def test_streamed_calls_have_openai_shape(name: str) -> None:
 
 
 def _family_read_templates() -> list[str]:
-    """Templates whose family's calls the format reader reads (not tools.py's incremental
-    JSON parser): XML-style parameters, a notation of the family's own (LFM2's Python
+    """Templates whose family's calls have parameters to stream: XML-style parameters, a notation of the family's own (LFM2's Python
     calls, Gemma 4's objects), a JSON object after the name (Mistral, Kimi K2, gpt-oss,
     DeepSeek R1, ...) or the name and the arguments in one JSON call object, or a list of
-    them (Command R, Apertus, Granite, Mistral Nemo, GigaChat, json-tags)."""
+    them (Command R, Apertus, Granite, Mistral Nemo, GigaChat, json-tags, Hermes, Llama 3)."""
     from strata_core.text.tool_syntax import Json, Params, Raw
 
     def own(p: object) -> bool:
         return isinstance(p, Params | Raw | Json)
 
-    return [n for n in TEMPLATES if setup_of(n)[1].format.dialect is None and any(own(p) for p in setup_of(n)[1].format.call)]
+    return [n for n in TEMPLATES if any(own(p) for p in setup_of(n)[1].format.call)]
 
 
 @pytest.mark.parametrize("name", _family_read_templates())

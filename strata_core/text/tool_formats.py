@@ -53,7 +53,6 @@ from strata_core.text.tool_syntax import (
     rule_of,
     write_parts,
 )
-from strata_core.text.tools import Dialect
 
 THINK = ("<think>", "</think>")
 
@@ -90,7 +89,6 @@ class ToolFormat:
     strip: tuple[str, ...] = ()  # markup that is neither content nor a call
     think: tuple[str, str] = THINK
     flexible: bool = False  # the family's JSON is indented
-    dialect: Dialect | None = None  # streamed by tools.py's incremental JSON parser
     hints: tuple[str, ...] = ()  # text of templates that never write calls themselves
     bare: bool = False  # the generation prompt wrote the call's marker: a reply may open with a call
     lead: str = ""  # what a reply opens with when plain content follows (markup, never shown)
@@ -191,8 +189,7 @@ class ToolFormat:
         """This format as a template that renders a call as ``text`` writes it: the optional
         markup it never writes left out of a forced call (still read), a list of calls
         where it writes one."""
-        # (a bare family's first call opens where the generation prompt wrote its marker)
-        call = tuple(replace(p, forced=self.bare or _shown(p, text)) if isinstance(p, Opt) else p for p in self.call)
+        call = tuple(replace(p, forced=_shown(p, text)) if isinstance(p, Opt) else p for p in self.call)
         listed = bool(re.search(r"\[\s*\{", text)) if self._list_at() is not None else None
         return replace(self, call=call, listed=listed)
 
@@ -360,7 +357,7 @@ FORMATS: tuple[ToolFormat, ...] = (
     ToolFormat("functionary-v3.1", (Lit("<function="), Name((">",)), Lit(">"), Json(), Lit("</function>"))),
     ToolFormat("functionary-v3.2", (Opt((Lit(">>>"),)), Name(("\n",)), Lit("\n"), Json()), starts=(">>>",),
                strip=(">>>all\n",), sep="\n", bare=True, lead="all\n"),  # `>>>all` is the content channel
-    ToolFormat("hermes", (Lit("<tool_call>\n"), Json("call"), Lit("\n</tool_call>")), sep="\n", dialect=Dialect.HERMES),
+    ToolFormat("hermes", (Lit("<tool_call>\n"), Json("call"), Lit("\n</tool_call>")), sep="\n"),
     ToolFormat("json-tags", (Json("calls"),), open="<tool_calls>", close="</tool_calls>"),
     ToolFormat("nemotron-v2", (Json("calls"),), open="<TOOLCALL>", close="</TOOLCALL>"),
     ToolFormat("mistral-nemo", (Json("calls", trail={"id": "{id}"}),), open="[TOOL_CALLS]"),
@@ -371,7 +368,7 @@ FORMATS: tuple[ToolFormat, ...] = (
     ToolFormat("granite", (Json("calls"),), open="<|tool_call|>", hints=("<|tool_call|>",)),
     ToolFormat(
         "llama3", (Opt((Lit("<|python_tag|>"),)), Json("call", ("name", "parameters"))), starts=("<|python_tag|>", '{"name"'), sep="; ",
-        dialect=Dialect.LLAMA3,
+        bare=True,  # the whole reply is the call, its JSON written any way
     ),
 )
 

@@ -32,14 +32,7 @@ from strata_core.text.detokenize import held_prefix
 from strata_core.text.tool_formats import ToolFormat, as_json, props_of
 from strata_core.text.tool_notations import QUOTE
 from strata_core.text.tool_syntax import PARTIAL, Params, Read
-from strata_core.text.tools import (
-    CallDelta,
-    Event,
-    ToolCall,
-    ToolCallParser,
-    merged_events,
-    new_call_id,
-)
+from strata_core.text.tools import CallDelta, Event, ToolCall, merged_events, new_call_id
 
 
 def _earliest(text: str, marks: Sequence[str]) -> tuple[int, str] | None:
@@ -265,9 +258,6 @@ def _known(reads: list[Read]) -> tuple[int, int]:
 
 def reply_parser(
     fmt: ToolFormat, tools: Sequence[Mapping[str, Any]] | None = None, new_id: Callable[[], str] = new_call_id
-) -> FormatParser | ToolCallParser:
-    """The parser of a reply in ``fmt``: the JSON families stream their arguments as they
-    come (tools.py), the rest as the family's format reads them (above)."""
-    if fmt.dialect is not None:
-        return ToolCallParser(fmt.dialect, new_id)
+) -> FormatParser:
+    """The parser of a reply in ``fmt``."""
     return FormatParser(fmt, tools, new_id)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from strata_core.text.tool_derive import CALL_ID, FLAT_TOOLS, PROBE_TOOLS, derive
+from strata_core.text.tool_derive import CALL_ID, FLAT_TOOLS, PROBE_TOOLS, TWO, derive
 from strata_core.text.tool_formats import FORMATS, ToolFormat
 from strata_core.text.tool_reader import FormatParser
 from strata_core.text.tool_syntax import Written
@@ -204,8 +204,9 @@ def _probe(template: ChatTemplate) -> ToolSetup | str:
         fmt = next((f for f in FORMATS if f.hints and any(h in template.source for h in f.hints)), None)
         return replace(setup, format=fmt or _HERMES, calls_in_content=True)
     fmt = find_format(text, [(PROBE_NAME, PROBE_ARGS)])
-    if fmt is not None:
-        return replace(setup, format=fmt.fitted(text))
+    if fmt is not None:  # fitted to what the template writes for one call and for two (where it takes two)
+        two = turn_text(template, setup.messages([_two_calls()]), setup.tools(PROBE_TOOLS)) or ""
+        return replace(setup, format=fmt.fitted(text + two))
     derived = derive_format(template, setup)
     if isinstance(derived, str):
         return derived
@@ -228,6 +229,11 @@ def derive_format(template: ChatTemplate, setup: ToolSetup) -> ToolFormat | str:
     plain = turn_text(template, [{"role": "assistant", "content": "Hello."}], setup.tools(tools)) or ""
     end = plain[plain.find("Hello.") + len("Hello.") :] if "Hello." in plain else ""
     return derive(render, end)
+
+
+def _two_calls() -> dict[str, Any]:
+    calls = [{"id": CALL_ID, "type": "function", "function": {"name": n, "arguments": a}} for n, a in TWO]
+    return {"role": "assistant", "content": "", "tool_calls": calls}
 
 
 def _turn(call_id: str, args_text: bool) -> dict[str, Any]:

@@ -1,22 +1,12 @@
-"""Tool calls: what a call and a streamed piece of one are, and the incremental parser of
-the calls a reply makes in the JSON dialects (which family a template speaks, and the
-grammar forcing its calls, are the format registry's: tool_formats.py, tool_setup.py).
-
-Dialects:
-
-* ``hermes`` (Hermes, Qwen): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``,
-  any number of them, possibly after some content.
-* ``llama3`` (Llama 3.1+ JSON tool calling): the whole reply is ``{"name": ...,
-  "parameters"|"arguments": {...}}``, optionally after ``<|python_tag|>``; several calls
-  are separated by ``;`` or whitespace.
-* ``generic`` (any model whose template never reads ``tools``): the server shows the tools
-  itself and the whole reply is one JSON object, a response or the calls
-  (``text/generic_tools.py``).
+"""Tool calls: what a call and a streamed piece of one are, and the base of the generic
+format's incremental parser (generic_tools.py) for models whose template never reads
+tools. Which family a template speaks, how its replies are read and the grammar forcing
+its calls are the format registry's (tool_formats.py, tool_reader.py, tool_setup.py).
 
 Parser rules (tests/test_tools.py checks each, at every chunk boundary):
 
 * Content streams as it comes until a call may begin; text that could be the start of a
-  call (a partial ``<tool_call>``, a leading ``{``) is held until it is decided.
+  call is held until it is decided.
 * A call's first delta carries ``index``, ``id``, ``type`` and the function ``name``; its
   ``arguments`` follow in fragments, the model's own JSON text, which joined are the
   call's final ``arguments``. A call whose keys come in another order is sent whole when
@@ -36,16 +26,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from strata_core.text.detokenize import held_prefix
-
-HERMES_OPEN = "<tool_call>"
-HERMES_CLOSE = "</tool_call>"
-PYTHON_TAG = "<|python_tag|>"
-
 
 class Dialect(str, Enum):
-    HERMES = "hermes"
-    LLAMA3 = "llama3"
+    """The server's own format for templates that never read tools (generic_tools.py); a
+    template's family format is the registry's (tool_formats.py)."""
+
     GENERIC = "generic"
 
 
@@ -211,12 +196,12 @@ Event = str | CallDelta  # a str is content text
 
 class ToolCallParser:
     """``push(text)`` returns the events now decided; ``flush()`` the rest at the end;
-    ``calls`` the calls made so far, whole."""
+    ``calls`` the calls made so far, whole. A call object's reading (``_Body``) and the
+    calls' events; the states of a reply are its subclass's."""
 
     def __init__(self, dialect: Dialect, new_id: Callable[[], str] = new_call_id) -> None:
         self.dialect = dialect
         self._new_id = new_id
-        # start, content, body, after (a call object), between (calls), tagged, done
         self._state = "start"
         self._buf = ""
         self._body: _Body | None = None
@@ -252,70 +237,10 @@ class ToolCallParser:
             out.append(self._opener + body.text)
         self._body = None
 
-    def flush(self) -> list[Event]:
-        out: list[Event] = []
-        if self._state == "body" and self._body is not None:
-            self._flush_body(out)
-        idle = self._state in ("after", "between") and self._buf.strip() in ("", ";")
-        if self._buf and not idle:
-            out.append(self._buf)
-        self._buf = ""
-        self._state = "done"
-        return merged_events(out)
-
-    # -- states --
+    # -- states (the format's parser says them: generic_tools.GenericParser) --
 
     def _step(self, out: list[Event]) -> None:
-        if self._state == "body":
-            self._feed_body(out)
-        elif self.dialect is Dialect.HERMES:
-            self._hermes(out)
-        else:
-            self._llama3(out)
-
-    def _hermes(self, out: list[Event]) -> None:
-        buf = self._buf
-        rest = buf.lstrip()
-        if self._state == "after":  # a call object closed: its closing tag
-            if rest.startswith(HERMES_CLOSE):
-                self._cut(len(buf) - len(rest) + len(HERMES_CLOSE))
-                self._state = "between"
-            elif not HERMES_CLOSE.startswith(rest):
-                self._state = "start"
-            return
-        if self._state == "between":  # whitespace between calls makes no content
-            if rest.startswith(HERMES_OPEN):
-                self._cut(len(buf) - len(rest))
-                self._state = "start"
-            elif not HERMES_OPEN.startswith(rest):
-                self._state = "start"
-            return
-        at = buf.find(HERMES_OPEN)
-        if at >= 0:
-            self._content(at, out)
-            self._cut(len(HERMES_OPEN))
-            self._open_body(HERMES_OPEN)
-        else:
-            self._content(len(buf) - held_prefix(buf, HERMES_OPEN), out)
-
-    def _llama3(self, out: list[Event]) -> None:
-        buf = self._buf
-        if self._state in ("done", "content"):
-            self._content(len(buf), out)
-            return
-        rest = buf.lstrip()
-        lead = len(buf) - len(rest)
-        if self._state == "after" and rest.startswith(";"):
-            self._cut(lead + 1)
-        elif rest.startswith(PYTHON_TAG) and self._state == "start":
-            self._cut(lead + len(PYTHON_TAG))
-            self._state = "tagged"
-        elif rest.startswith("{"):
-            opener = buf[:lead] if self._state == "start" else ""
-            self._cut(lead)
-            self._open_body(opener)
-        elif rest and not (self._state == "start" and PYTHON_TAG.startswith(rest)):
-            self._state = "content"
+        raise NotImplementedError
 
     def _open_body(self, opener: str) -> None:
         self._state = "body"
@@ -352,7 +277,7 @@ class ToolCallParser:
         assert self._body is not None
         out.append(self._opener + self._body.text)
         self._body = None
-        self._state = "start" if self.dialect is Dialect.HERMES else "content"
+        self._state = "content"
 
     def _start_call(self, name: str, out: list[Event]) -> None:
         call_id = self._new_id()
