@@ -27,6 +27,7 @@ from strata_core.text.grammars import grammar_error, llguidance_grammar
 from strata_core.text.tool_formats import ToolFormat
 from strata_core.text.tool_reader import FormatParser, reply_parser
 from strata_core.text.tool_setup import ToolSetup, probe, turn_text
+from strata_core.text.tool_syntax import Written
 
 TEMPLATES = tool_templates()
 
@@ -73,14 +74,19 @@ def rendered(name: str) -> tuple[ToolSetup, str, list[tuple[str, dict[str, Any]]
     return setup, text[: p.spans[-1][1]], calls
 
 
-def parse(fmt: ToolFormat, text: str, cuts: list[int]) -> tuple[str, list[tuple[str, Any]], list[Any]]:
+def pushed(fmt: ToolFormat, text: str, cuts: list[int]) -> tuple[Any, list[Any]]:
+    """A reply parser fed ``text`` in pieces cut at ``cuts``, and the events it made."""
     p = reply_parser(fmt, TOOLS)
     events: list[Any] = []
     at = 0
     for c in cuts + [len(text)]:
         events += p.push(text[at:c])
         at = c
-    events += p.flush()
+    return p, events + p.flush()
+
+
+def parse(fmt: ToolFormat, text: str, cuts: list[int]) -> tuple[str, list[tuple[str, Any]], list[Any]]:
+    p, events = pushed(fmt, text, cuts)
     content = "".join(e for e in events if isinstance(e, str))
     return content, [(c.name, json.loads(c.arguments)) for c in p.calls], events
 
@@ -127,17 +133,16 @@ def test_streamed_calls_have_openai_shape(name: str) -> None:
 
 
 def _family_read_templates() -> list[str]:
-    """Templates whose family's calls the format reader reads (not tools.py's incremental
-    JSON parser): XML-style parameters, a notation of the family's own (LFM2's Python
+    """Templates whose family's calls have parameters to stream: XML-style parameters, a notation of the family's own (LFM2's Python
     calls, Gemma 4's objects), a JSON object after the name (Mistral, Kimi K2, gpt-oss,
     DeepSeek R1, ...) or the name and the arguments in one JSON call object, or a list of
-    them (Command R, Apertus, Granite, Mistral Nemo, GigaChat, json-tags)."""
+    them (Command R, Apertus, Granite, Mistral Nemo, GigaChat, json-tags, Hermes, Llama 3)."""
     from strata_core.text.tool_syntax import Json, Params, Raw
 
     def own(p: object) -> bool:
         return isinstance(p, Params | Raw | Json)
 
-    return [n for n in TEMPLATES if setup_of(n)[1].format.dialect is None and any(own(p) for p in setup_of(n)[1].format.call)]
+    return [n for n in TEMPLATES if any(own(p) for p in setup_of(n)[1].format.call)]
 
 
 @pytest.mark.parametrize("name", _family_read_templates())
@@ -237,6 +242,26 @@ def test_the_grammar_accepts_the_templates_rendering(name: str, tokenizer: Any) 
     assert accepts(tokenizer, named, calls_block(setup, one)), f"{name}:\n{named}"
     assert not accepts(tokenizer, grammar_of(setup.format, [TIME], parallel=False), calls_block(setup, one))
 
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_a_forced_call_starts_as_the_template_renders_one(name: str, tokenizer: Any) -> None:
+    """The native check: the text a forced call makes (the format's writing of the calls,
+    which the grammar accepts) opens as the template's own rendering does, up to the first
+    name (whitespace aside, which only the exact families fix)."""
+    template, setup = setup_of(name)
+    calls = CALLS[:1] if name in ONE_CALL_A_TURN or name in MESSAGE_PER_CALL else CALLS
+    ids = [setup.new_id() for _ in calls]
+    text = turn_text(template, setup.messages([assistant_turn(calls, ids)]), setup.tools(TOOLS))
+    assert text is not None
+    block = calls_block(setup, text)
+    made = setup.format.write([Written(n, a, i, k) for k, ((n, a), i) in enumerate(zip(calls, ids, strict=True))], {})
+    assert accepts(tokenizer, grammar_of(setup.format, TOOLS, parallel=len(calls) > 1), made.strip()), f"{name}: {made!r}"
+    if setup.format.bare:  # the generation prompt wrote the first call's marker (Functionary v3.2's >>>)
+        made = made.removeprefix(setup.format.starts[0])
+    first = calls[0][0]
+    opening, rendered_opening = ("".join(t[: t.find(first)].split()) for t in (made, block))
+    assert opening == rendered_opening, f"{name}: {made!r} / {block!r}"
 
 
 @pytest.mark.parametrize("name", TEMPLATES)
@@ -345,15 +370,18 @@ def test_a_reasoning_tag_amid_a_glm_reply_makes_no_content() -> None:
 
 
 def test_a_call_block_cut_short_makes_no_content() -> None:
-    """A reply that ran out of tokens mid-call: the calls before stand, the fragment is no
-    content (it is markup), also where no call came before it; a marker followed by what
-    can be no call stays content."""
+    """A reply that ran out of tokens mid-call: the calls before stand, the one cut short
+    comes back as far as it was written (its name, no parameter complete: none), the
+    fragment is no content (it is markup), also where no call came before it; a marker
+    followed by what can be no call stays content."""
     _, setup = setup_of("Qwen3-Coder.jinja")
     one = '<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>'
     cut = "\n<tool_call>\n<function=get_time>\n<parameter=zo"
     content, calls, _ = parse(setup.format, one + cut, [len(one) + 5])
-    assert calls == [("get_time", {"zone": "UTC"})] and content == ""
+    assert calls == [("get_time", {"zone": "UTC"}), ("get_time", {})] and content == ""
     content, calls, _ = parse(setup.format, "Maybe " + cut, [])
+    assert calls == [("get_time", {})] and content == "Maybe \n"
+    content, calls, _ = parse(setup.format, "Maybe \n<tool_call>\n<function=get_ti", [])
     assert calls == [] and content == "Maybe \n"
     content, calls, _ = parse(setup.format, "Say <tool_call> twice: <tool_call>, then stop.", [])
     assert calls == [] and content == "Say <tool_call> twice: <tool_call>, then stop."
@@ -370,9 +398,9 @@ def test_a_call_block_cut_short_makes_no_content() -> None:
         calls = [("get_weather", {"city": "Paris"})] if call in text else []
         for cuts in ([], list(range(1, len(text)))):
             assert parse(gpt.format, text, cuts)[:2] == (want, calls), (text, cuts)
-    _, gemma = setup_of("google-gemma-4-31B-it.jinja")  # its closing marker never came
+    _, gemma = setup_of("google-gemma-4-31B-it.jinja")  # its closing marker never came: the call as written
     content, calls, _ = parse(gemma.format, 'So <|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call>\n<', [])
-    assert calls == [] and content == "So "
+    assert calls == [("get_weather", {"city": "Paris"})] and content == "So "
 
 
 def test_a_forced_turn_makes_as_many_calls_as_tools_are_offered(tokenizer: Any) -> None:
@@ -518,3 +546,18 @@ def test_a_format_is_derived_from_an_unknown_template(tokenizer: Any) -> None:
 def test_nothing_derivable_leaves_the_generic_format() -> None:
     odd = "{% for m in messages %}{{ m.content }}{% for c in m.tool_calls or [] %}{{ c.function.name }}{% endfor %}{% endfor %}{{ tools | length }}"
     assert ChatTemplate(odd).tool_setup is None
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_a_call_cut_short_in_a_value_comes_back_as_written(name: str) -> None:
+    """max_tokens ended the reply inside the first call's first value (``Par`` of
+    ``Paris``): the call comes back with its name and its arguments so far, the value
+    as far as written, whole and streamed (OpenAI's answer to a call cut short)."""
+    setup, text, _ = rendered(name)
+    cut = text[: text.index("Paris") + 3]
+    for cuts in ([], list(range(1, len(cut)))):
+        p, events = pushed(setup.format, cut, cuts)
+        assert [c.name for c in p.calls] == ["get_weather"], (name, cuts, events)
+        assert p.calls[0].arguments.startswith('{"city": "Par'), (name, p.calls[0])
+        streamed = "".join(e.arguments for e in events if not isinstance(e, str))
+        assert streamed == p.calls[0].arguments, (name, events)

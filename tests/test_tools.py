@@ -1,4 +1,4 @@
-"""Tool calls: dialect detection, the incremental parser (at every chunk boundary), and the
+"""Tool calls: the incremental parser (at every chunk boundary), and the
 grammar that forces a call, checked offline with llguidance."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from strata_core.text.chat import ChatTemplate
 from strata_core.text.generic_tools import (
     generic_grammar,
     generic_instruction,
@@ -18,20 +19,19 @@ from strata_core.text.generic_tools import (
     tool_parser,
 )
 from strata_core.text.grammars import grammar_error, llguidance_grammar
-from strata_core.text.tools import (
-    CallDelta,
-    Dialect,
-    call_grammar,
-    detect_dialect,
-)
+from strata_core.text.tool_formats import BY_NAME
+from strata_core.text.tool_reader import reply_parser
+from strata_core.text.tools import CallDelta, Dialect
 
-H, L = Dialect.HERMES, Dialect.LLAMA3
+#: the JSON families, read through the format registry; the generic format, its own parser
+H, L = "hermes", "llama3"
 
 
-def parse(dialect: Dialect, text: str, cuts: list[int] | None = None) -> tuple[str, list[tuple[str, str]], list[Any]]:
+def parse(dialect: str | Dialect, text: str, cuts: list[int] | None = None) -> tuple[str, list[tuple[str, str]], list[Any]]:
     """(content, [(name, arguments)], events) of ``text`` pushed in pieces cut at ``cuts``."""
     ids = iter(f"call_{i}" for i in range(100))
-    p = tool_parser(dialect, lambda: next(ids))
+    new_id = lambda: next(ids)  # noqa: E731
+    p = tool_parser(dialect, new_id) if isinstance(dialect, Dialect) else reply_parser(BY_NAME[dialect], [], new_id)
     events: list[Any] = []
     at = 0
     for c in sorted(cuts or []) + [len(text)]:
@@ -67,7 +67,7 @@ CASES = [
     (H, "No call here, just <tool> talk and a < sign.", "No call here, just <tool> talk and a < sign.", []),
     (H, "<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", []),
     (H, '<tool_call>{"title": "x"}</tool_call>', '<tool_call>{"title": "x"}</tool_call>', []),
-    (H, "<tool_ca", "<tool_ca", []),
+    (H, "<tool_ca", "", []),  # a reply that ended partway into the marker (tool_reader.py's rule)
     (L, '{"name": "get_weather", "parameters": {"city": "Paris"}}', "", [("get_weather", '{"city": "Paris"}')]),
     (L, '<|python_tag|>{"name": "f", "arguments": {}}', "", [("f", "{}")]),
     (L, '{"name": "f", "parameters": {"a": 1}}; {"name": "g", "parameters": {"b": "}"}}', "",
@@ -79,7 +79,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("dialect,reply,content,calls", CASES)
-def test_parse_at_every_chunk_boundary(dialect: Dialect, reply: str, content: str, calls: list[tuple[str, str]]) -> None:
+def test_parse_at_every_chunk_boundary(dialect: str, reply: str, content: str, calls: list[tuple[str, str]]) -> None:
     for cuts in every_cutting(reply):
         got_content, got_calls, events = parse(dialect, reply, cuts)
         assert (got_content, got_calls) == (content, calls), cuts
@@ -104,16 +104,16 @@ def check_deltas(events: list[Any], calls: list[tuple[str, str]]) -> None:
 
 
 def test_arguments_stream_before_the_call_ends() -> None:
-    p = tool_parser(H, lambda: "call_x")
-    events = p.push('<tool_call>\n{"name": "f", "arguments": {"city": "Par')
-    assert events == [CallDelta(0, "", "call_x", "f"), CallDelta(0, '{"city": "Par')]
-    assert p.push('is"}}\n</tool_call>') == [CallDelta(0, 'is"}')]
+    p = reply_parser(BY_NAME[H], [], lambda: "call_x")
+    events = p.push('<tool_call>\n{"name": "f", "arguments": {"city": "Paris", "da')
+    assert events == [CallDelta(0, "", "call_x", "f"), CallDelta(0, '{"city": "Paris"')]
+    assert p.push('ys": 2}}\n</tool_call>') == [CallDelta(0, ', "days": 2}')]
     assert p.flush() == []
 
 
 def test_a_call_cut_short_keeps_what_was_streamed() -> None:
     content, calls, _ = parse(H, '<tool_call>\n{"name": "f", "arguments": {"a": 1, ')
-    assert content == "" and calls == [("f", '{"a": 1,')]
+    assert content == "" and calls == [("f", '{"a": 1}')]
 
 
 _json = st.recursive(
@@ -129,7 +129,7 @@ _json = st.recursive(
     st.sampled_from([None, 2]),
     st.lists(st.integers(min_value=0, max_value=400), max_size=8),
 )
-def test_any_calls_any_chunking(args: list[dict[str, Any]], dialect: Dialect, indent: int | None, cuts: list[int]) -> None:
+def test_any_calls_any_chunking(args: list[dict[str, Any]], dialect: str, indent: int | None, cuts: list[int]) -> None:
     key = "arguments" if dialect is H else "parameters"
     objs = [json.dumps({"name": f"fn{i}", key: a}, indent=indent, ensure_ascii=False) for i, a in enumerate(args)]
     if dialect is H:
@@ -142,13 +142,10 @@ def test_any_calls_any_chunking(args: list[dict[str, Any]], dialect: Dialect, in
     check_deltas(events, calls)
 
 
-def test_detect_dialect() -> None:
+def test_templates_that_never_read_tools_get_no_format() -> None:
     smollm2 = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n'}}{% endfor %}"
-    assert detect_dialect(smollm2) is None
-    assert detect_dialect("{% if tools %}<tools>{{ tools | tojson }}</tools> use <tool_call>{% endif %}") is H
-    llama3 = '{%- if tools is not none %}{{ "<|python_tag|>" }}{"name": ..., "parameters": ...}{% endif %}'
-    assert detect_dialect(llama3) is L
-    assert detect_dialect("no tool support, only mentions toolsets") is None
+    assert ChatTemplate(smollm2).tool_setup is None
+    assert ChatTemplate("no tool support, only mentions toolsets").tool_setup is None
 
 
 # ---- the grammar ----------------------------------------------------------------------------
@@ -168,6 +165,11 @@ def accepts(tokenizer: Any, grammar: str, text: str) -> bool:
     m = llguidance.LLMatcher(tokenizer, llguidance_grammar("lark", grammar), log_level=0)
     assert not m.is_error(), m.get_error()
     return bool(m.consume_tokens(list(text.encode()))) and m.is_accepting() and not m.is_error()
+
+
+def call_grammar(tools: list[Any], family: str, parallel: bool = True) -> str:
+    """The grammar forcing a call in ``family``'s registered format."""
+    return BY_NAME[family].grammar(tools, parallel=parallel)
 
 
 def test_grammars_are_valid() -> None:

@@ -6,6 +6,7 @@ turns its request into these calls and their pieces into its bodies."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
@@ -44,6 +45,7 @@ from strata_core.text.tool_formats import MAX_CALLS, ToolFormat, example_call
 from strata_core.text.tool_setup import ToolSetup
 from strata_core.text.tools import Dialect
 
+log = logging.getLogger("strata.service")
 T = TypeVar("T")
 #: What a spent reasoning budget makes the engine write: the marker, and the blank line
 #: that separates reasoning from answer in the thinking templates.
@@ -174,6 +176,11 @@ class Service:
         source = self.chat_template or info.get("chat_template")
         if source:  # none: chat requests are refused (chat_prompt), completions still run
             self.template = ChatTemplate(source, bos_token=info.get("bos_text", ""), eos_token=info.get("eos_text", ""))
+            if self.template.tool_problem:  # said once, as the model loads
+                origin = "its chat_template file" if self.chat_template else "the GGUF's chat template"
+                then = "tools use the generic format" if self.config.tools.generic else "requests with tools are refused"
+                log.warning("%s: %s renders tool calls in no shape a format can be derived from (%s): %s",
+                            self.model_id, origin, self.template.tool_problem, then)  # fmt: skip
 
     @property
     def slots(self) -> int:

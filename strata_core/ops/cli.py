@@ -120,6 +120,8 @@ def cmd_engine_list(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    if args.template:
+        return _doctor_template(args.template)
     print(f"strata {__version__}, python {sys.version.split()[0]}")
     try:
         cfg = _config(args)
@@ -153,6 +155,22 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"  inputs: {', '.join(projector_inputs(mmproj))}" + (f" (projector {mmproj})" if mmproj else ""))
     except ModelError as exc:
         print(f"model: {exc}")
+    return 0
+
+
+def _doctor_template(path: str) -> int:
+    """How Strata would read and force tool calls with the chat template in ``path``."""
+    from strata_core.text.chat import ChatTemplate, TemplateError
+    from strata_core.text.tool_setup import report
+
+    try:
+        source = Path(path).expanduser().read_text(encoding="utf-8")
+        lines = report(ChatTemplate(source))
+    except (OSError, TemplateError) as exc:
+        return _fail(f"--template {path}: {exc}")
+    print(f"template {path}")
+    for line in lines:
+        print(f"  {line}")
     return 0
 
 
@@ -294,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="report backends, devices, engine build and model")
     p.add_argument("--backend")
     p.add_argument("--config")
+    p.add_argument("--template", help="only report the tool-call format a chat template file gets, with an example call")
     p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("pull", help="fetch a GGUF model from the Hugging Face hub into its cache")

@@ -24,7 +24,7 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import SandboxedEnvironment
 
-from strata_core.text.tool_setup import ToolSetup, probe
+from strata_core.text.tool_setup import ToolSetup, setup_or_why
 
 # Used when a GGUF carries no ``tokenizer.chat_template``: ChatML, the template transformers
 # used as its class-level default, and the format most small instruct models are tuned on.
@@ -112,10 +112,22 @@ class ChatTemplate:
             )
 
     @functools.cached_property
+    def _tool_probe(self) -> ToolSetup | str | None:
+        return setup_or_why(self)
+
+    @property
     def tool_setup(self) -> ToolSetup | None:
         """How this template's model calls tools and what history the template reads
         (tool_setup.py); None when it shows no tools or writes calls in no derivable way."""
-        return probe(self)
+        got = self._tool_probe
+        return got if isinstance(got, ToolSetup) else None
+
+    @property
+    def tool_problem(self) -> str:
+        """Why a template that shows tools gets the generic format (no format could be
+        derived from its rendering of a call); "" where it does not."""
+        got = self._tool_probe
+        return got if isinstance(got, str) else ""
 
     def render(
         self,

@@ -26,14 +26,13 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from strata_core.text.grammars import JSON_STYLE
 from strata_core.text.tools import (
     CallDelta,
     Dialect,
     Event,
     JsonScan,
     ToolCallParser,
-    call_schema,
-    enforced_schema,
     merged_events,
     new_call_id,
 )
@@ -117,6 +116,14 @@ def generic_messages(messages: Sequence[Mapping[str, Any]], instruction: str | N
 # ---- the grammar ----------------------------------------------------------------------------
 
 
+def _call_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """JSON schema of one call object of ``tool`` (``{"type": "function", "function": ...}``)."""
+    fn = tool["function"]
+    params = fn.get("parameters") or {"type": "object"}
+    return {"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
+            "required": ["name", "arguments"], "additionalProperties": False}  # fmt: skip
+
+
 def _only(key: str, value: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "properties": {key: value}, "required": [key], "additionalProperties": False}
 
@@ -124,7 +131,7 @@ def _only(key: str, value: dict[str, Any]) -> dict[str, Any]:
 def generic_schema(tools: Sequence[Mapping[str, Any]], parallel: bool, text: bool) -> dict[str, Any]:
     """The JSON schema of a reply: a call to one of ``tools`` (with ``parallel``, also a
     list of calls) or, with ``text``, a response."""
-    calls = [call_schema(t, Dialect.GENERIC) for t in tools]
+    calls = [_call_schema(t) for t in tools]
     call = calls[0] if len(calls) == 1 else {"anyOf": calls}
     forms = [_only("tool_call", call)]
     if parallel:
@@ -136,7 +143,8 @@ def generic_schema(tools: Sequence[Mapping[str, Any]], parallel: bool, text: boo
 
 def generic_grammar(tools: Sequence[Mapping[str, Any]], parallel: bool, text: bool) -> str:
     """A Lark grammar (llguidance's, with ``%json``) of one reply in the generic format."""
-    schema = enforced_schema(generic_schema(tools, parallel, text))
+    # JSON written as structured outputs write it: no free whitespace (a small model pads with it)
+    schema = {**generic_schema(tools, parallel, text), "x-guidance": JSON_STYLE}
     return "start: %json " + json.dumps(schema, ensure_ascii=False) + "\n"
 
 

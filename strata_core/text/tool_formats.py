@@ -17,6 +17,7 @@ Llama 3 bare JSON object comes last).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -52,7 +53,6 @@ from strata_core.text.tool_syntax import (
     rule_of,
     write_parts,
 )
-from strata_core.text.tools import Dialect
 
 THINK = ("<think>", "</think>")
 
@@ -89,7 +89,6 @@ class ToolFormat:
     strip: tuple[str, ...] = ()  # markup that is neither content nor a call
     think: tuple[str, str] = THINK
     flexible: bool = False  # the family's JSON is indented
-    dialect: Dialect | None = None  # streamed by tools.py's incremental JSON parser
     hints: tuple[str, ...] = ()  # text of templates that never write calls themselves
     bare: bool = False  # the generation prompt wrote the call's marker: a reply may open with a call
     lead: str = ""  # what a reply opens with when plain content follows (markup, never shown)
@@ -99,12 +98,15 @@ class ToolFormat:
     exact: bool = False
     single: bool = False  # its templates write one call a turn: a forced turn makes one
     header: str = ""  # a message header a marker begins (a regex): markup, also where no call follows
+    #: a family whose calls are JSON call objects (``Json("calls")``) writes them in one
+    #: bracketed list (True), as objects one after another (False), or either (None); read either way
+    listed: bool | None = None
 
     # ---- reading ----
 
     def markers(self) -> tuple[str, ...]:
         """Texts where the calls of a reply may begin."""
-        first = self.open or next((p.text for p in self.call if isinstance(p, Lit)), "")
+        first = self.open or (self.call[0].text if isinstance(self.call[0], Lit) else "")
         return tuple(m for m in (first.strip(), *self.starts) if m)
 
     def read_call(
@@ -171,8 +173,25 @@ class ToolFormat:
     # ---- writing ----
 
     def write(self, calls: Sequence[Written], tools: Mapping[str, Any] | None = None) -> str:
+        at = self._list_at()
+        if at is not None and self.listed and calls:
+            items = self.call[at]
+            assert isinstance(items, Json)
+            head, tail = write_parts(self.call[:at], calls[0], tools or {}), write_parts(self.call[at + 1 :], calls[0], tools or {})
+            return self.open + head + items.write_list(calls) + tail + self.close
         body = self.sep.join(write_parts(self.call, c, tools or {}) for c in calls)
         return self.open + body + self.close
+
+    def _list_at(self) -> int | None:
+        return next((i for i, p in enumerate(self.call) if isinstance(p, Json) and p.what == "calls"), None)
+
+    def fitted(self, text: str) -> ToolFormat:
+        """This format as a template that renders a call as ``text`` writes it: the optional
+        markup it never writes left out of a forced call (still read), a list of calls
+        where it writes one."""
+        call = tuple(replace(p, forced=_shown(p, text)) if isinstance(p, Opt) else p for p in self.call)
+        listed = bool(re.search(r"\[\s*\{", text)) if self._list_at() is not None else None
+        return replace(self, call=call, listed=listed)
 
     def grammar(
         self, tools: Sequence[Mapping[str, Any]], parallel: bool = True, close_think: bool = False, most: int = MAX_CALLS
@@ -182,14 +201,15 @@ class ToolFormat:
         written as this family writes them; ``close_think``: the prompt left a reasoning
         block open, which the turn closes first (else the calls would be written inside the
         reasoning)."""
-        listed = next((i for i, p in enumerate(self.call) if isinstance(p, Json) and p.what == "calls"), None)
+        listed = self._list_at()
         exact, ws = self.exact, "" if self.exact else WS
         call, before, after = self.call, "", ""
         sep = lit_rule(self.sep, exact) if self.sep.strip() or (exact and self.sep) else ""
         if listed is not None:  # the calls are items of one JSON list
             call, before = self.call[listed : listed + 1], rule_of(self.call[:listed], "", None)
             after = rule_of(self.call[listed + 1 :], "", None)
-            before, after, sep = f'{before} {WS} ("[" items {WS} "]" | bare) {after}', "", f'{WS} ","'
+            either = {True: f'"[" items {WS} "]"', False: "bare", None: f'("[" items {WS} "]" | bare)'}[self.listed]
+            before, after, sep = f"{before} {WS} {either} {after}", "", f'{WS} ","'
         alts = []
         for i, tool in enumerate(tools):
             fn = tool["function"]
@@ -337,7 +357,7 @@ FORMATS: tuple[ToolFormat, ...] = (
     ToolFormat("functionary-v3.1", (Lit("<function="), Name((">",)), Lit(">"), Json(), Lit("</function>"))),
     ToolFormat("functionary-v3.2", (Opt((Lit(">>>"),)), Name(("\n",)), Lit("\n"), Json()), starts=(">>>",),
                strip=(">>>all\n",), sep="\n", bare=True, lead="all\n"),  # `>>>all` is the content channel
-    ToolFormat("hermes", (Lit("<tool_call>\n"), Json("call"), Lit("\n</tool_call>")), sep="\n", dialect=Dialect.HERMES),
+    ToolFormat("hermes", (Lit("<tool_call>\n"), Json("call"), Lit("\n</tool_call>")), sep="\n"),
     ToolFormat("json-tags", (Json("calls"),), open="<tool_calls>", close="</tool_calls>"),
     ToolFormat("nemotron-v2", (Json("calls"),), open="<TOOLCALL>", close="</TOOLCALL>"),
     ToolFormat("mistral-nemo", (Json("calls", trail={"id": "{id}"}),), open="[TOOL_CALLS]"),
@@ -348,11 +368,17 @@ FORMATS: tuple[ToolFormat, ...] = (
     ToolFormat("granite", (Json("calls"),), open="<|tool_call|>", hints=("<|tool_call|>",)),
     ToolFormat(
         "llama3", (Opt((Lit("<|python_tag|>"),)), Json("call", ("name", "parameters"))), starts=("<|python_tag|>", '{"name"'), sep="; ",
-        dialect=Dialect.LLAMA3,
+        bare=True,  # the whole reply is the call, its JSON written any way
     ),
 )
 
 BY_NAME = {f.name: f for f in FORMATS}
+
+
+def _shown(opt: Opt, text: str) -> bool:
+    """Whether a template's rendering ``text`` writes the optional markup ``opt`` opens with."""
+    first = opt.parts[0]
+    return not isinstance(first, Lit) or first.text.strip() in text
 
 
 def props_of(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:

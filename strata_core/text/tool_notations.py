@@ -8,10 +8,18 @@ from __future__ import annotations
 import ast
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from strata_core.text.grammars import JSON_STYLE
-from strata_core.text.tool_syntax import Written, first_wins, item_ends, json_rule, lark_str
+from strata_core.text.tool_syntax import (
+    Written,
+    bracket_end,
+    first_wins,
+    item_ends,
+    json_rule,
+    lark_str,
+)
 
 _JSON_NAMES = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
 
@@ -61,35 +69,47 @@ def python_partial(body: str, name: str | None) -> tuple[list[tuple[str, Any]], 
     return (calls, end) if calls else None
 
 
+@dataclass(frozen=True)
+class PythonStyle:
+    """How a family writes a Python call's keyword arguments: strings in ``quote``,
+    ``sep`` between arguments, other values as JSON (a template's ``tojson``) or as
+    Python writes them."""
+
+    quote: str = "'"
+    sep: str = ", "
+    json_values: bool = False
+
+    def value(self, v: Any) -> str:
+        if isinstance(v, str):
+            return json.dumps(v, ensure_ascii=False) if self.quote == '"' else repr(v)
+        return json.dumps(v, ensure_ascii=False) if self.json_values else repr(v)
+
+    def encode(self, c: Written) -> str:
+        args = self.sep.join(f"{k}={self.value(v)}" for k, v in (c.arguments or {}).items())
+        return f"{c.name}({args})"
+
+    def grammar(self, name: str, schema: Any) -> str:
+        args = _items(schema, lambda k, p: f"{lark_str(k + '=')} {self._value_rule(p)}", self.sep)
+        return f'{lark_str(name)} "(" {args} ")"'
+
+    def _value_rule(self, prop: Any) -> str:
+        if prop.get("type") == "string":  # as the template writes it
+            q = lark_str(self.quote)
+            return f"{q} /[^{re.escape(self.quote)}\\\\\\n]{{1,200}}/ {q}"
+        return _json_value(prop)
+
+
+LFM2_PYTHON = PythonStyle()
+
+
 def python_encode(c: Written) -> str:
-    args = ", ".join(f"{k}={v!r}" for k, v in (c.arguments or {}).items())
-    return f"{c.name}({args})"
+    return LFM2_PYTHON.encode(c)
 
 
 def python_call_end(text: str, at: int) -> int | None:
     """Where the call ``name(...)`` at ``text[at]`` ends (after its ``)``); None if not yet.
     Brackets inside quoted strings do not count."""
-    depth, quote, esc = 0, "", False
-    for i in range(at, len(text)):
-        ch = text[i]
-        if quote:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == quote:
-                quote = ""
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-            if depth < 0:
-                return -1
-    return None
+    return bracket_end(text, at, ("'", '"'))
 
 
 def _items(schema: Any, item: Any, sep: str) -> str:
@@ -114,14 +134,7 @@ def _json_value(prop: Any) -> str:
 
 
 def python_grammar(name: str, schema: Any) -> str:
-    args = _items(schema, lambda k, p: f"{lark_str(k + '=')} {_python_value(p)}", ", ")
-    return f'{lark_str(name)} "(" {args} ")"'
-
-
-def _python_value(prop: Any) -> str:
-    if prop.get("type") == "string":  # as Python writes it (the template's repr)
-        return "\"'\" /[^'\\\\\\n]{1,200}/ \"'\""
-    return _json_value(prop)
+    return LFM2_PYTHON.grammar(name, schema)
 
 
 # ---- Gemma 4 ---------------------------------------------------------------------------------

@@ -30,15 +30,9 @@ from typing import Any
 
 from strata_core.text.detokenize import held_prefix
 from strata_core.text.tool_formats import ToolFormat, as_json, props_of
-from strata_core.text.tool_syntax import PARTIAL, Read
-from strata_core.text.tools import (
-    CallDelta,
-    Event,
-    ToolCall,
-    ToolCallParser,
-    merged_events,
-    new_call_id,
-)
+from strata_core.text.tool_notations import QUOTE
+from strata_core.text.tool_syntax import PARTIAL, Params, Read
+from strata_core.text.tools import CallDelta, Event, ToolCall, merged_events, new_call_id
 
 
 def _earliest(text: str, marks: Sequence[str]) -> tuple[int, str] | None:
@@ -74,8 +68,10 @@ class FormatParser:
         self._new_id = new_id
         self._marks = fmt.markers()
         # markup that makes no text: the family's own, and a calls block's closing marker
-        # written with no block open
-        self._strip = fmt.strip + ((fmt.close.strip(),) if fmt.close.strip() else ())
+        # written with no block open (one that is markup, not a bracket or part of a marker)
+        close = fmt.close.strip()
+        stray = len(close) > 1 and not any(close in m for m in self._marks)
+        self._strip = fmt.strip + ((close,) if stray else ())
         self._buf = ""
         self.calls: list[ToolCall] = []
         self.spans: list[tuple[int, int]] = []  # where each calls block was, in the text pushed
@@ -126,10 +122,12 @@ class FormatParser:
             self._fresh = False
             if not isinstance(got, str):
                 self._take(got, out)
+            elif final and self._cut_short():  # a bare call the reply's end broke off
+                self._take_cut_short(out)  # (none named: the text is read on as content)
         while self._buf:
             hit = _earliest(self._buf, self._marks + self._strip)
             if hit is None:
-                hold = max(held_prefix(self._buf, m) for m in self._marks + self._strip)
+                hold = max((held_prefix(self._buf, m) for m in self._marks + self._strip), default=0)
                 before, tail = self._buf[: len(self._buf) - hold], self._buf[len(self._buf) - hold :]
                 if final:  # the reply ended: a tail that had begun a marker is markup right after
                     # calls (nothing but whitespace between), or where it had begun the marker's punctuation
@@ -152,7 +150,8 @@ class FormatParser:
                 self._stream(seen, out)
                 break
             if isinstance(got, str) and final and self._cut_short():  # markup the reply's end broke off
-                self._cut(len(self._buf))
+                if not self._take_cut_short(out):
+                    self._cut(len(self._buf))
                 break
             if isinstance(got, str):  # not calls after all: the marker is content, unless it is markup
                 header = re.match(self.format.header, self._buf) if self.format.header else None
@@ -167,6 +166,31 @@ class FormatParser:
         """Whether the calls block at the buffer's start, unreadable at the reply's end,
         would have gone on being read had the reply not ended there."""
         return self.format.read_turn(self._buf, 0, False, self._props) == PARTIAL
+
+    def _take_cut_short(self, out: list[Event]) -> bool:
+        """A calls block the reply's end (max_tokens) cut short before any parameter was
+        complete: each call whose name was written comes back with its arguments so far
+        (the value being written closed where the family's markup allows it), as OpenAI
+        returns a call cut short; False where no name was written (nothing taken)."""
+        best: list[Read] = []
+        names: list[str | None] | None = None
+        for closer in _closers(self.format, self._props):  # the first (none) says which names were written
+            seen: list[Read] = []
+            self.format.read_turn(self._buf + closer, 0, False, self._props, seen)
+            names = [r.name for r in seen] if names is None else names
+            if [r.name for r in seen] == names and _known(seen) > _known(best):
+                best = seen
+        reads = [r for r in best if r.end or r.partial or r.early or r.name]
+        if not reads:
+            return False
+        for r in reads:
+            if not r.end:
+                r.calls = [*r.early, *([r.partial] if r.partial else [(r.name, {})] if r.name else [])]
+        start = self._at
+        self._cut(len(self._buf))
+        self.spans.append((start, self._at))
+        self._emit(reads, out)
+        return True
 
     def _take(self, reads: list[Read], out: list[Event]) -> None:
         self._said_after = False
@@ -215,11 +239,25 @@ class FormatParser:
                 self._open[j] = (call_id, len(text))
 
 
+def _closers(fmt: ToolFormat, props: Mapping[str, Any]) -> tuple[str, ...]:
+    """Texts that may close a value a reply's end cut short, so that it reads: nothing, the
+    end of a number, of a JSON / Python / Gemma 4 string, of an XML-style parameter (one
+    whose markup names it: each of the tools' parameters)."""
+    ends = [p.fmt.partition("{value}")[2] for p in fmt.call if isinstance(p, Params)]
+    keys = {k for params in props.values() for k in params}
+    params = [e.replace("{key}", k) for e in ends for k in (sorted(keys) if "{key}" in e else [""])]
+    return ("", ",", '",', "',", QUOTE + ",", *params)
+
+
+def _known(reads: list[Read]) -> tuple[int, int]:
+    """How much of a cut-short block ``reads`` know: its calls and parameters, then names."""
+    calls = sum(len(r.calls) + len(r.early) for r in reads)
+    params = sum(len(r.partial[1]) for r in reads if r.partial and not r.end)
+    return calls + params, sum(1 for r in reads if r.name)
+
+
 def reply_parser(
     fmt: ToolFormat, tools: Sequence[Mapping[str, Any]] | None = None, new_id: Callable[[], str] = new_call_id
-) -> FormatParser | ToolCallParser:
-    """The parser of a reply in ``fmt``: the JSON families stream their arguments as they
-    come (tools.py), the rest as the family's format reads them (above)."""
-    if fmt.dialect is not None:
-        return ToolCallParser(fmt.dialect, new_id)
+) -> FormatParser:
+    """The parser of a reply in ``fmt``."""
     return FormatParser(fmt, tools, new_id)

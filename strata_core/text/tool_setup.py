@@ -18,9 +18,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from strata_core.text.tool_derive import CALL_ID, FLAT_TOOLS, PROBE_TOOLS, TWO, derive
 from strata_core.text.tool_formats import FORMATS, ToolFormat
 from strata_core.text.tool_reader import FormatParser
-from strata_core.text.tool_syntax import Json, Lit, Name, Written
+from strata_core.text.tool_syntax import Written
 from strata_core.text.tools import new_call_id
 
 if TYPE_CHECKING:
@@ -165,34 +166,6 @@ def find_format(text: str, calls: list[tuple[str, Any]]) -> ToolFormat | None:
     return next((f for f in FORMATS if _reads(f, text, calls)), None)
 
 
-def derive_format(text: str) -> ToolFormat | None:
-    """A format from a probe call's rendering: the text before the name, between the name
-    and the arguments, and after them; or, where the name sits in a JSON object with the
-    arguments, the text around that object."""
-    args = json.dumps(PROBE_ARGS, ensure_ascii=False)
-    name_at, args_at = text.find(PROBE_NAME), text.find(args)
-    if name_at < 0 or args_at < 0:
-        return None
-    obj = re.search(r'\{\s*"name"\s*:\s*"' + PROBE_NAME + r'"', text)
-    tail = text[args_at + len(args) :]
-    if obj is not None and obj.start() < args_at:
-        end = args_at + len(args) + len(tail) - len(tail.lstrip("} \n"))
-        head, tail = text[: obj.start()], text[end:]
-        parts: tuple[Any, ...] = (Lit(head.strip()), Json("call"))
-    else:
-        head, mid = text[:name_at], text[name_at + len(PROBE_NAME) : args_at]
-        if not mid.strip():
-            return None
-        parts = (Lit(head.strip()), Name((mid.strip(),)), Lit(mid), Json())
-    close = tail.split("\n")[0].strip()
-    # the marker right after the arguments: a tag, a bracketed word, a fence or a run of symbols
-    close = re.match(r"(<[^<>]*>|\[[^\[\]]*\]|```|[^\w\s<\[]+)?", close).group(0) or ""  # type: ignore[union-attr]
-    if not head.strip():
-        return None
-    fmt = ToolFormat("derived", tuple(p for p in parts if not (isinstance(p, Lit) and not p.text.strip())) + ((Lit(close),) if close else ()))
-    return fmt if _reads(fmt, text, [(PROBE_NAME, PROBE_ARGS)]) else None
-
-
 def _raises(template: ChatTemplate, messages: list[dict[str, Any]], tools: list[Any]) -> bool:
     return _renders(template, _BASE + messages, tools, False) is None
 
@@ -200,8 +173,22 @@ def _raises(template: ChatTemplate, messages: list[dict[str, Any]], tools: list[
 def probe(template: ChatTemplate) -> ToolSetup | None:
     """How ``template`` wants tools; None when it never reads them or writes calls in a way
     nothing can be derived from (then only the server's generic format can serve)."""
+    got = setup_or_why(template)
+    return got if isinstance(got, ToolSetup) else None
+
+
+def setup_or_why(template: ChatTemplate) -> ToolSetup | str | None:
+    """How ``template`` wants tools; None when it never reads them; why, in words, when it
+    renders calls in a shape no format can be derived from."""
     if not re.search(r"\btools\b", template.source):
         return None
+    try:
+        return _probe(template)
+    except Exception as exc:  # a template's oddity is a reason to serve the generic format, never a failure
+        return f"probing it failed: {type(exc).__name__}: {exc}"
+
+
+def _probe(template: ChatTemplate) -> ToolSetup | str:
     bare = {**PROBE_TOOL, "function": {**PROBE_TOOL["function"], "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}  # fmt: skip
     described = _renders(template, _BASE, [bare], True) is None and _renders(template, _BASE, [PROBE_TOOL], True) is not None
@@ -217,12 +204,36 @@ def probe(template: ChatTemplate) -> ToolSetup | None:
         fmt = next((f for f in FORMATS if f.hints and any(h in template.source for h in f.hints)), None)
         return replace(setup, format=fmt or _HERMES, calls_in_content=True)
     fmt = find_format(text, [(PROBE_NAME, PROBE_ARGS)])
-    if fmt is not None:
-        return replace(setup, format=fmt)
-    derived = derive_format(text)
-    if derived is not None:
-        return replace(setup, format=derived, derived=True)
-    return None  # nothing to derive: the server's generic format, where it is on
+    if fmt is not None:  # fitted to what the template writes for one call and for two (where it takes two)
+        two = turn_text(template, setup.messages([_two_calls()]), setup.tools(PROBE_TOOLS)) or ""
+        return replace(setup, format=fmt.fitted(text + two))
+    derived = derive_format(template, setup)
+    if isinstance(derived, str):
+        return derived
+    return replace(setup, format=derived, derived=True)
+
+
+def derive_format(template: ChatTemplate, setup: ToolSetup) -> ToolFormat | str:
+    """The format the template's own rendering of probe calls shows (tool_derive.py), or
+    why there is none."""
+
+    # a template that refuses the probe's object parameter (Command R+ wants every object
+    # schema to say additionalProperties) is probed without it
+    tools = PROBE_TOOLS if _renders(template, _BASE, setup.tools(PROBE_TOOLS) or [], True) is not None else FLAT_TOOLS
+
+    def render(calls: list[tuple[str, Any]]) -> str | None:
+        made = [{"id": CALL_ID, "type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]
+        turn = {"role": "assistant", "content": "", "tool_calls": made}
+        return turn_text(template, setup.messages([turn]), setup.tools(tools))
+
+    plain = turn_text(template, [{"role": "assistant", "content": "Hello."}], setup.tools(tools)) or ""
+    end = plain[plain.find("Hello.") + len("Hello.") :] if "Hello." in plain else ""
+    return derive(render, end)
+
+
+def _two_calls() -> dict[str, Any]:
+    calls = [{"id": CALL_ID, "type": "function", "function": {"name": n, "arguments": a}} for n, a in TWO]
+    return {"role": "assistant", "content": "", "tool_calls": calls}
 
 
 def _turn(call_id: str, args_text: bool) -> dict[str, Any]:
@@ -230,3 +241,27 @@ def _turn(call_id: str, args_text: bool) -> dict[str, Any]:
 
 
 _HERMES = next(f for f in FORMATS if f.name == "hermes")
+
+
+def report(template: ChatTemplate) -> list[str]:
+    """What Strata makes of ``template`` for tools, in lines for a person: the format its
+    calls are read and forced in (and how it was found), the history shape it reads, and a
+    call as a forced reply writes it (``strata doctor --template``)."""
+    got = setup_or_why(template)
+    example = [Written(PROBE_NAME, dict(PROBE_ARGS), _SHORT_ID)]
+    if got is None or isinstance(got, str):
+        why = "it never reads `tools`" if got is None else got
+        call = json.dumps({"tool_call": {"name": PROBE_NAME, "arguments": PROBE_ARGS}})
+        return [f"format: generic ({why}): the server shows the tools in the system message", f"example call: {call}"]
+    fmt = got.format
+    found = "derived from the template's rendering of probe calls" if got.derived else "in the registry"
+    lines = [f"format: {fmt.name} ({found}{', written byte for byte as the template writes it' if fmt.exact else ''})"]
+    shape = [what for what, on in (("arguments as JSON text", got.args_text), ("9-alphanumeric call ids", got.short_ids),
+             ("every parameter described", got.described), ("calls written into the content", got.calls_in_content)) if on]  # fmt: skip
+    if shape:
+        lines.append(f"history: {', '.join(shape)}")
+    lines.append(f"example call: {fmt.write(example, {})!r}")
+    if not got.calls_in_content:
+        rendered = turn_text(template, got.messages([_turn(_SHORT_ID, got.args_text)]), got.tools([PROBE_TOOL]))
+        lines.append(f"the template renders it: {rendered!r}")
+    return lines

@@ -15,9 +15,10 @@ before a marker or a JSON value is skipped, since templates put newlines there f
 
 from __future__ import annotations
 
+import ast
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,6 +106,19 @@ def closed(schema: Any) -> Any:
     for key in _SCHEMA_MAPS:
         if isinstance(out.get(key), dict):
             out[key] = {k: closed(s) for k, s in out[key].items()}
+    return out
+
+
+def sorted_schema(schema: Any) -> Any:
+    """``schema`` with every object's properties listed in key order: a grammar writes them
+    in the order listed, and some families' JSON sorts keys."""
+    if isinstance(schema, list):
+        return [sorted_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: sorted_schema(v) if k != "properties" and k != "const" else v for k, v in schema.items()}
+    if isinstance(schema.get("properties"), dict):
+        out["properties"] = {k: sorted_schema(schema["properties"][k]) for k in sorted(schema["properties"])}
     return out
 
 
@@ -233,6 +247,7 @@ class Opt:
     """Parts that may be absent: absent when the first one does not match."""
 
     parts: tuple[Part, ...]
+    forced: bool = True  # a forced call may write them (False: the template never does)
 
     def read(self, text: str, at: int, r: Read, final: bool) -> int | str:
         first = self.parts[0].read(text, at, r, final)
@@ -243,58 +258,63 @@ class Opt:
         return read_parts(self.parts, text, at, r, final)
 
     def write(self, c: Written, tools: Mapping[str, Any]) -> str:
-        return write_parts(self.parts, c, tools)
+        return write_parts(self.parts, c, tools) if self.forced else ""
 
     def rule(self, name: str, schema: Any, style: dict[str, Any], exact: bool = False) -> str:
+        if not self.forced:
+            return '""'
         return f"({' '.join(p.rule(name, schema, style, exact) for p in self.parts)})?"
 
 
-def json_end(text: str, at: int) -> int | None:
-    """Where the JSON object or array starting at ``text[at]`` ends; None if it does not yet."""
-    depth, in_str, esc = 0, False, False
-    for i in range(at, len(text)):
-        ch = text[i]
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    return None
-
-
-def item_ends(body: str, quotes: tuple[str, ...]) -> list[int]:
-    """Where the complete items of the bracketed list that ``body`` opens end: its commas
-    at depth 1, outside strings (each opened and closed by one of ``quotes``)."""
-    ends: list[int] = []
-    depth, quote, i = 0, "", 0
-    while i < len(body):
+def scan(text: str, at: int, quotes: tuple[str, ...]) -> Iterator[tuple[int, str, int]]:
+    """The one scanner of bracketed notations (JSON, Python calls, Gemma 4's objects): each
+    character of ``text`` from ``at`` outside strings (each opened and closed by one of
+    ``quotes``; a backslash escapes in a one-character quote), with its index and the
+    bracket depth after it."""
+    depth, quote, i = 0, "", at
+    while i < len(text):
         if quote:
-            if len(quote) == 1 and body[i] == "\\":  # an escape in a Python string
+            if len(quote) == 1 and text[i] == "\\":
                 i += 2
-            elif body.startswith(quote, i):
+            elif text.startswith(quote, i):
                 i, quote = i + len(quote), ""
             else:
                 i += 1
             continue
-        quote = next((q for q in quotes if body.startswith(q, i)), "")
+        quote = next((q for q in quotes if text.startswith(q, i)), "")
         if quote:
             i += len(quote)
             continue
-        ch = body[i]
+        ch = text[i]
         depth += (ch in "([{") - (ch in ")]}")
-        if ch == "," and depth == 1:
-            ends.append(i)
+        yield i, ch, depth
         i += 1
+
+
+def bracket_end(text: str, at: int, quotes: tuple[str, ...] = ('"',)) -> int | None:
+    """Where the bracketed value whose first bracket is at or after ``text[at]`` ends (after
+    its closing bracket); None if it does not yet, -1 if a bracket closes none."""
+    for i, ch, depth in scan(text, at, quotes):
+        if ch in ")]}" and depth <= 0:
+            return i + 1 if depth == 0 else -1
+    return None
+
+
+def json_end(text: str, at: int) -> int | None:
+    """Where the JSON object or array starting at ``text[at]`` ends; None if it does not yet."""
+    return bracket_end(text, at)
+
+
+def item_ends(body: str, quotes: tuple[str, ...]) -> list[int]:
+    """Where the complete items of the bracketed list that ``body`` opens end: its commas
+    at depth 1, outside strings (each opened and closed by one of ``quotes``), and its
+    closing bracket."""
+    ends: list[int] = []
+    for i, ch, depth in scan(body, 0, quotes):
+        if (ch == "," and depth == 1) or (ch in ")]}" and depth == 0):  # an item's comma, the list's end
+            ends.append(i)
+            if depth == 0:
+                break
     return ends
 
 
@@ -325,14 +345,16 @@ NAME_KEYS = ("name", "tool_name")
 ARGS_KEYS = ("arguments", "parameters")
 
 
-def call_of(obj: Any) -> tuple[str, Any] | None:
-    """(name, arguments) of one call object, or None; ``{"name": {...}}`` (a single key
-    whose value is the arguments) reads as a call of ``name``."""
+def call_of(obj: Any, keys: tuple[str, str] | None = None) -> tuple[str, Any] | None:
+    """(name, arguments) of one call object, or None; ``keys``: the name's and the
+    arguments' keys of the family, tried first; ``{"name": {...}}`` (a single key whose
+    value is the arguments) reads as a call of ``name``."""
     if not isinstance(obj, dict):
         return None
-    for key in NAME_KEYS:
+    names, args_keys = (keys[0], *NAME_KEYS) if keys else NAME_KEYS, (keys[1], *ARGS_KEYS) if keys else ARGS_KEYS
+    for key in names:
         if isinstance(obj.get(key), str):
-            args: Any = next((obj[k] for k in ARGS_KEYS if k in obj), {})
+            args: Any = next((obj[k] for k in args_keys if k in obj), {})
             if isinstance(args, str):
                 try:
                     args = json.loads(args)
@@ -349,7 +371,7 @@ def call_of(obj: Any) -> tuple[str, Any] | None:
 _KEY = re.compile(r'\s*"((?:[^"\\]|\\.)*)"\s*:\s*')
 
 
-def _call_so_far(obj: str, keyed: bool) -> tuple[str, dict[str, Any], int] | None:
+def _call_so_far(obj: str, keyed: bool, keys: tuple[str, str]) -> tuple[str, dict[str, Any], int] | None:
     """A call object cut short (``{"name": "f", "arguments": {"a": 1, "b``): its name,
     the members of its arguments complete so far (not none) and where they end."""
     if not obj.startswith("{"):
@@ -359,8 +381,9 @@ def _call_so_far(obj: str, keyed: bool) -> tuple[str, dict[str, Any], int] | Non
         head = json.loads(obj[: ends[-1]] + "}", object_pairs_hook=first_wins) if ends else {}
     except ValueError:
         return None
-    name = next((head[k] for k in NAME_KEYS if isinstance(head.get(k), str)), None)
-    args = next((head[k] for k in ARGS_KEYS if k in head), None)
+    name_keys, args_keys = (keys[0], *NAME_KEYS), (keys[1], *ARGS_KEYS)
+    name = next((head[k] for k in name_keys if isinstance(head.get(k), str)), None)
+    args = next((head[k] for k in args_keys if k in head), None)
     if name is not None and isinstance(args, dict):  # whole arguments, members after them to come
         return (name, args, ends[-1]) if args else None
     last = ends[-1] + 1 if ends else 1
@@ -370,7 +393,7 @@ def _call_so_far(obj: str, keyed: bool) -> tuple[str, dict[str, Any], int] | Non
     key = json.loads(f'"{m.group(1)}"')
     if keyed:
         name = key if not head else None
-    elif key not in ARGS_KEYS:
+    elif key not in args_keys:
         name = None
     value = obj[m.end() :]
     end = json_end(value, 0)
@@ -406,6 +429,17 @@ class Json:
     trail: dict[str, str] = field(default_factory=dict)  # and after the arguments
     keyed: bool = False  # a call is {name: arguments}
     indent: int | None = None
+    #: a call object's members in the order written, each (key, role, value): role "name",
+    #: "args", "id" or "const" (``value`` as written); empty: ``lead``, ``keys``, ``trail``
+    layout: tuple[tuple[str, str, Any], ...] = ()
+    separators: tuple[str, str] | None = None  # as the family's JSON separates items, keys
+    sort_keys: bool = False  # the family's JSON writes every object's keys sorted
+
+    def _keys(self) -> tuple[str, str]:
+        if not self.layout:
+            return self.keys
+        role = {r: k for k, r, _ in self.layout}
+        return role["name"], role["args"]
 
     def read(self, text: str, at: int, r: Read, final: bool) -> int | str:
         at = _ws(text, at)
@@ -431,7 +465,7 @@ class Json:
             r.calls.append((r.name, value))
             return end
         items = value if isinstance(value, list) and self.what == "calls" else [value]
-        calls = [call_of(v) for v in items]
+        calls = [call_of(v, self._keys()) for v in items]
         if not calls or any(c is None for c in calls):
             return FAIL
         r.calls += [c for c in calls if c is not None]
@@ -451,12 +485,12 @@ class Json:
         for i, (start, item) in enumerate(items):
             start, item = start + len(item) - len(item.lstrip()), item.strip()
             if json_end(item, 0) is None and i == len(items) - 1:
-                got = _call_so_far(item, self.keyed)
+                got = _call_so_far(item, self.keyed, self._keys())
                 if got is not None:
                     r.partial, r.upto = (got[0], got[1]), at + start + got[2]
                 return
             try:
-                call = call_of(json.loads(item, object_pairs_hook=first_wins))
+                call = call_of(json.loads(item, object_pairs_hook=first_wins), self._keys())
             except ValueError:
                 return
             if call is None:
@@ -466,23 +500,39 @@ class Json:
     def _obj(self, c: Written) -> dict[str, Any]:
         if self.keyed:
             return {c.name: c.arguments}
+        if self.layout:
+            said = {"name": c.name, "args": c.arguments, "id": c.id}
+            return {k: said.get(role, value) for k, role, value in self.layout}
         lead = {k: v.format(id=c.id, index=c.index) for k, v in self.lead.items()}
         trail = {k: v.format(id=c.id, index=c.index) for k, v in self.trail.items()}
         return {**lead, self.keys[0]: c.name, self.keys[1]: c.arguments, **trail}
 
+    def write_list(self, calls: Sequence[Written]) -> str:
+        """Calls as one JSON list of call objects."""
+        objs = [self._obj(c) for c in calls]
+        return json.dumps(objs, ensure_ascii=False, indent=self.indent, separators=self.separators, sort_keys=self.sort_keys)
+
     def write(self, c: Written, tools: Mapping[str, Any]) -> str:
         value = c.arguments if self.what == "args" else self._obj(c)
-        return json.dumps(value, ensure_ascii=False, indent=self.indent)
+        return json.dumps(value, ensure_ascii=False, indent=self.indent, separators=self.separators, sort_keys=self.sort_keys)
 
     def rule(self, name: str, schema: Any, style: dict[str, Any], exact: bool = False) -> str:
         params = schema or {"type": "object"}  # (json_rule closes it to the tool's parameters)
-        if self.keyed:
+        if self.separators:
+            style = {**style, "item_separator": self.separators[0], "key_separator": self.separators[1]}
+        if self.layout:
+            said = {"name": {"const": name}, "args": params, "id": _id_schema("{id}")}
+            props = {k: said.get(role, {"const": value}) for k, role, value in self.layout}
+            params = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+        elif self.keyed:
             params = {"type": "object", "properties": {name: params}, "required": [name], "additionalProperties": False}
         elif self.what != "args":
-            props: dict[str, Any] = {k: _id_schema(v) for k, v in self.lead.items()}
+            props = {k: _id_schema(v) for k, v in self.lead.items()}
             props |= {self.keys[0]: {"const": name}, self.keys[1]: params}
             props |= {k: _id_schema(v) for k, v in self.trail.items()}
             params = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+        if self.sort_keys:
+            params = sorted_schema(params)
         value = json_rule(params, style)
         return value if exact else f"{WS} {value}"  # a list of calls: the format's grammar says the list
 
@@ -497,7 +547,12 @@ def _value(raw: str, prop: Mapping[str, Any] | None, as_string: bool | None) -> 
     try:
         return json.loads(raw)
     except ValueError:
+        pass
+    try:  # a template that writes values with Python's str() (``{'unit': 'C'}``)
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return raw
+    return value if isinstance(value, dict | list) else raw
 
 
 #: A number of a type with no other constraint, as a grammar says it: at most 16 digits.

@@ -1,21 +1,12 @@
-"""Tool calls: which dialect a chat template speaks, an incremental parser of the calls a
-reply makes, and the grammar that forces a call for ``tool_choice`` required / named.
-
-Dialects:
-
-* ``hermes`` (Hermes, Qwen): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``,
-  any number of them, possibly after some content.
-* ``llama3`` (Llama 3.1+ JSON tool calling): the whole reply is ``{"name": ...,
-  "parameters"|"arguments": {...}}``, optionally after ``<|python_tag|>``; several calls
-  are separated by ``;`` or whitespace.
-* ``generic`` (any model whose template never reads ``tools``): the server shows the tools
-  itself and the whole reply is one JSON object, a response or the calls
-  (``text/generic_tools.py``).
+"""Tool calls: what a call and a streamed piece of one are, and the base of the generic
+format's incremental parser (generic_tools.py) for models whose template never reads
+tools. Which family a template speaks, how its replies are read and the grammar forcing
+its calls are the format registry's (tool_formats.py, tool_reader.py, tool_setup.py).
 
 Parser rules (tests/test_tools.py checks each, at every chunk boundary):
 
 * Content streams as it comes until a call may begin; text that could be the start of a
-  call (a partial ``<tool_call>``, a leading ``{``) is held until it is decided.
+  call is held until it is decided.
 * A call's first delta carries ``index``, ``id``, ``type`` and the function ``name``; its
   ``arguments`` follow in fragments, the model's own JSON text, which joined are the
   call's final ``arguments``. A call whose keys come in another order is sent whole when
@@ -30,32 +21,17 @@ import json
 import re
 import secrets
 import string
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from strata_core.text.detokenize import held_prefix
-from strata_core.text.grammars import JSON_STYLE
-
-HERMES_OPEN = "<tool_call>"
-HERMES_CLOSE = "</tool_call>"
-PYTHON_TAG = "<|python_tag|>"
-
 
 class Dialect(str, Enum):
-    HERMES = "hermes"
-    LLAMA3 = "llama3"
+    """The server's own format for templates that never read tools (generic_tools.py); a
+    template's family format is the registry's (tool_formats.py)."""
+
     GENERIC = "generic"
-
-
-def detect_dialect(template: str) -> Dialect | None:
-    """The tool-call dialect of a chat template; None when the template never reads
-    ``tools`` (then it cannot show the model any tool: the server may use the generic
-    format, which it shows itself)."""
-    if not re.search(r"\btools\b", template):
-        return None
-    return Dialect.HERMES if HERMES_OPEN in template else Dialect.LLAMA3
 
 
 _ID_CHARS = string.ascii_letters + string.digits
@@ -220,12 +196,12 @@ Event = str | CallDelta  # a str is content text
 
 class ToolCallParser:
     """``push(text)`` returns the events now decided; ``flush()`` the rest at the end;
-    ``calls`` the calls made so far, whole."""
+    ``calls`` the calls made so far, whole. A call object's reading (``_Body``) and the
+    calls' events; the states of a reply are its subclass's."""
 
     def __init__(self, dialect: Dialect, new_id: Callable[[], str] = new_call_id) -> None:
         self.dialect = dialect
         self._new_id = new_id
-        # start, content, body, after (a call object), between (calls), tagged, done
         self._state = "start"
         self._buf = ""
         self._body: _Body | None = None
@@ -261,70 +237,10 @@ class ToolCallParser:
             out.append(self._opener + body.text)
         self._body = None
 
-    def flush(self) -> list[Event]:
-        out: list[Event] = []
-        if self._state == "body" and self._body is not None:
-            self._flush_body(out)
-        idle = self._state in ("after", "between") and self._buf.strip() in ("", ";")
-        if self._buf and not idle:
-            out.append(self._buf)
-        self._buf = ""
-        self._state = "done"
-        return merged_events(out)
-
-    # -- states --
+    # -- states (the format's parser says them: generic_tools.GenericParser) --
 
     def _step(self, out: list[Event]) -> None:
-        if self._state == "body":
-            self._feed_body(out)
-        elif self.dialect is Dialect.HERMES:
-            self._hermes(out)
-        else:
-            self._llama3(out)
-
-    def _hermes(self, out: list[Event]) -> None:
-        buf = self._buf
-        rest = buf.lstrip()
-        if self._state == "after":  # a call object closed: its closing tag
-            if rest.startswith(HERMES_CLOSE):
-                self._cut(len(buf) - len(rest) + len(HERMES_CLOSE))
-                self._state = "between"
-            elif not HERMES_CLOSE.startswith(rest):
-                self._state = "start"
-            return
-        if self._state == "between":  # whitespace between calls makes no content
-            if rest.startswith(HERMES_OPEN):
-                self._cut(len(buf) - len(rest))
-                self._state = "start"
-            elif not HERMES_OPEN.startswith(rest):
-                self._state = "start"
-            return
-        at = buf.find(HERMES_OPEN)
-        if at >= 0:
-            self._content(at, out)
-            self._cut(len(HERMES_OPEN))
-            self._open_body(HERMES_OPEN)
-        else:
-            self._content(len(buf) - held_prefix(buf, HERMES_OPEN), out)
-
-    def _llama3(self, out: list[Event]) -> None:
-        buf = self._buf
-        if self._state in ("done", "content"):
-            self._content(len(buf), out)
-            return
-        rest = buf.lstrip()
-        lead = len(buf) - len(rest)
-        if self._state == "after" and rest.startswith(";"):
-            self._cut(lead + 1)
-        elif rest.startswith(PYTHON_TAG) and self._state == "start":
-            self._cut(lead + len(PYTHON_TAG))
-            self._state = "tagged"
-        elif rest.startswith("{"):
-            opener = buf[:lead] if self._state == "start" else ""
-            self._cut(lead)
-            self._open_body(opener)
-        elif rest and not (self._state == "start" and PYTHON_TAG.startswith(rest)):
-            self._state = "content"
+        raise NotImplementedError
 
     def _open_body(self, opener: str) -> None:
         self._state = "body"
@@ -361,7 +277,7 @@ class ToolCallParser:
         assert self._body is not None
         out.append(self._opener + self._body.text)
         self._body = None
-        self._state = "start" if self.dialect is Dialect.HERMES else "content"
+        self._state = "content"
 
     def _start_call(self, name: str, out: list[Event]) -> None:
         call_id = self._new_id()
@@ -400,45 +316,3 @@ def split_events(events: Sequence[Event]) -> tuple[str, list[CallDelta]]:
     """Content text and call deltas of a batch of events."""
     text = "".join(e for e in events if isinstance(e, str))
     return text, [e for e in events if isinstance(e, CallDelta)]
-
-
-# ---- forcing a call -------------------------------------------------------------------------
-
-
-def call_schema(tool: Mapping[str, Any], dialect: Dialect) -> dict[str, Any]:
-    """JSON schema of one call object of ``tool`` (``{"type": "function", "function": ...}``)."""
-    fn = tool["function"]
-    key = "parameters" if dialect is Dialect.LLAMA3 else "arguments"
-    params = fn.get("parameters") or {"type": "object"}
-    return {
-        "type": "object",
-        "properties": {"name": {"const": fn["name"]}, key: params},
-        "required": ["name", key],
-        "additionalProperties": False,
-    }
-
-
-def enforced_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    # JSON written as structured outputs write it: no free whitespace, which a small
-    # model would otherwise pad with until max_tokens.
-    return {**schema, "x-guidance": JSON_STYLE}
-
-
-def _lark_string(text: str) -> str:
-    return json.dumps(text)
-
-
-def call_grammar(tools: Sequence[Mapping[str, Any]], dialect: Dialect, parallel: bool = True) -> str:
-    """A Lark grammar (llguidance's dialect, with ``%json``) whose every sentence is one
-    call (or, with ``parallel``, one or more) to one of ``tools``, in ``dialect``'s form."""
-    schemas = [call_schema(t, dialect) for t in tools]
-    schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-    body = "%json " + json.dumps(enforced_schema(schema), ensure_ascii=False)
-    if dialect is Dialect.HERMES:
-        call = f"{_lark_string(HERMES_OPEN + chr(10))} {body} {_lark_string(chr(10) + HERMES_CLOSE)}"
-        sep = _lark_string("\n")
-    else:
-        call, sep = body, _lark_string("; ")
-    start = f"call ({sep} call)*" if parallel else "call"
-    return f"start: {start}\ncall: {call}\n"
-
