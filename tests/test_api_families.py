@@ -105,7 +105,7 @@ def test_responses_input_items_become_chat_messages() -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"input": "x", "top_logprobs": 2}, "top_logprobs"),
+        ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include"),
         ({"input": "x", "service_tier": "flex"}, "service_tier"),
         ({"input": "x", "frequency_penalty": 1}, "frequency_penalty"),
         ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
