@@ -315,14 +315,15 @@ class Service:
         setup = self.tool_setup
         if not isinstance(setup, ToolSetup):
             think = prompt_opens_think(prompt)
-            return ChatShape(think, None if mode == "none" or setup is None else setup)
+            return ChatShape(think, None if mode == "none" or setup is None else setup, most_calls=req.max_tool_calls)
         fmt = setup.format
         tools = tuple(t.template_view() for t in req.tools or ())
         thinking = prompt_opens_think(prompt, fmt.think)
         reads: ToolFormat | None = fmt
         if mode == "none":  # no calls read; a family's content channel still opens with markup
             reads = fmt.content_only() if fmt.lead else None
-        return ChatShape(thinking, format=reads, think=fmt.think, tools=tools, new_id=setup.new_id)
+        return ChatShape(thinking, format=reads, think=fmt.think, tools=tools, new_id=setup.new_id,
+                         most_calls=req.max_tool_calls)  # fmt: skip
 
     async def tool_grammar(
         self, req: ChatRequest, shape: ChatShape, format_param: str = "response_format"
@@ -358,9 +359,10 @@ class Service:
         for tool in req.forced_tools():
             check_parameters(tool)
         tools = [t.template_view() for t in req.forced_tools()]
-        parallel = req.parallel_tool_calls is not False
+        parallel = req.parallel_tool_calls is not False and req.max_tool_calls != 1
         if isinstance(setup, ToolSetup):
             most = await self.calls_that_fit(setup.format, tools, max_new_tokens(req, self.config.sampling))
+            most = min(most, req.max_tool_calls or most)
             grammar = setup.format.grammar(tools, parallel=parallel, close_think=shape.thinking, most=most)
         else:
             grammar = generic_grammar(tools, parallel, text=mode == "auto")

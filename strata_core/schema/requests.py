@@ -594,6 +594,9 @@ class ChatRequest(BaseRequest):
     # The template's enable_thinking (off for none) and a reasoning_budget (EFFORT_BUDGETS);
     # either, sent as well, wins.
     reasoning_effort: Effort | None = None
+    # Extension (Responses' name): the most tool calls a reply makes; the model's further
+    # calls are ignored (a forced call's grammar admits no more).
+    max_tool_calls: int | None = Field(default=None, ge=1)
 
     unimplemented = ("functions", "function_call", "audio", "prediction", "web_search_options", "modalities",
                      "service_tier", "store", "verbosity")  # fmt: skip
