@@ -47,7 +47,7 @@ def refused(model_cls: type[Any], body: Any) -> ApiError:
         (chat(stream=1), "stream"),
         ({"messages": []}, "messages"),
         ({}, "messages"),
-        (chat(stop=["a", "b", "c", "d", "e"]), "stop"),
+        (chat(stop=list("abcdefghijklmnopq")), "stop"),
         (chat(stop=""), "stop"),
         (chat(stop=["a", ""]), "stop"),
         (chat(stop=5), "stop"),
@@ -188,7 +188,7 @@ def test_nan_and_inf_are_refused_as_not_finite() -> None:
 
 
 def test_long_values_are_truncated_in_messages() -> None:
-    err = refused(ChatRequest, chat(stop=["x" * 500] * 5))
+    err = refused(ChatRequest, chat(stop=["x" * 500] * 17))
     assert len(err.message) < 200
 
 
@@ -267,8 +267,8 @@ def test_body_must_be_an_object(body: Any) -> None:
 def test_limits() -> None:
     assert parse_request(ChatRequest, chat(n=MAX_N)).n == MAX_N
     assert refused(ChatRequest, chat(n=MAX_N + 1)).param == "n"
-    assert parse_request(ChatRequest, chat(stop=["a", "b", "c", "d"])).stop_list() == list("abcd")
-    assert refused(ChatRequest, chat(stop=["a", "b", "c", "d", "e"])).param == "stop"
+    assert parse_request(ChatRequest, chat(stop=list("abcdefghijklmnop"))).stop_list() == list("abcdefghijklmnop")
+    assert refused(ChatRequest, chat(stop=list("abcdefghijklmnopq"))).param == "stop"
 
 
 @pytest.mark.parametrize("name", ["functions", "function_call"])

@@ -33,8 +33,9 @@ from .neutral import drop_neutral
 
 #: Most choices one request may ask for.
 MAX_N = 16
-#: Most stop strings one request may carry (OpenAI's limit).
-MAX_STOP = 4
+#: Most stop strings one request may carry. OpenAI takes 4; coding clients send more
+#: (Continue's autocomplete: 7 to 9), and a stop costs the matcher little.
+MAX_STOP = 16
 #: Longest stop string, in characters: the text a stream holds back while a stop may be
 #: starting is as long as the longest one.
 MAX_STOP_CHARS = 1000
