@@ -25,6 +25,7 @@ from strata_core.api.blocks import Block, Grew, Opened, blocks_of, stream_blocks
 from strata_core.api.responses_input import ResponsesRequest, assistant_message
 from strata_core.api.service import (
     ChatRun,
+    Names,
     Service,
     engine_unavailable,
     json_body,
@@ -181,7 +182,7 @@ async def create_response(request: Request) -> Response:
     service = await service_for(request, req.model)
     store = store_of(request)
     conversation = req.conversation(store.history(req))
-    run = await service.start_chat(req.chat_request(conversation), "input", "max_output_tokens", "text.format")
+    run = await service.start_chat(req.chat_request(conversation), Names("input", "max_output_tokens", "text.format"))
     reply = Reply(f"resp_{uuid.uuid4().hex}", service.model_id, req, bodies.now())
     headers = {"x-strata-seed": str(run.seed)}
     if req.stream:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from functools import cached_property
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import (
@@ -693,6 +694,16 @@ class ChatRequest(BaseRequest):
         if isinstance(self.tool_choice, NamedToolChoice):
             return "named"
         return self.tool_choice or "auto"
+
+    @cached_property
+    def tool_views(self) -> tuple[dict[str, Any], ...]:
+        """Every tool as chat templates read it (Tool.template_view), made once."""
+        return tuple(t.template_view() for t in self.tools or ())
+
+    def forced_views(self) -> list[dict[str, Any]]:
+        """The template views of :meth:`forced_tools`."""
+        names = {t.function.name for t in self.forced_tools()}
+        return [v for v in self.tool_views if v["function"]["name"] in names]
 
     def forced_tools(self) -> list[Tool]:
         """The tools one of which must be called (required: all; named: that one)."""
