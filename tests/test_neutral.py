@@ -143,3 +143,34 @@ def test_responses_logprobs_and_max_tool_calls_reach_the_chat_request() -> None:
     assert parse("responses", {"top_logprobs": 3}).logprob_alternatives() is None  # not included: not shown
     assert parse("responses", {"max_tool_calls": 2}).max_tool_calls == 2
     assert parse("responses", {"prompt_cache_key": "k"}).prompt_cache_key == "k"
+
+
+def max_tool_calls_reply(most: int | None) -> tuple[int, bool]:
+    """A Hermes-style reply of two calls read with ``most_calls``: the calls kept, and
+    whether the reply was ended (so the engine stops)."""
+    from test_tools_e2e import TOOLS_TEMPLATE
+
+    from strata_core.contract.events import TokenEvent
+    from strata_core.text.chat import ChatTemplate
+    from strata_core.text.choice import ChatShape, ChoiceText
+
+    setup = ChatTemplate(TOOLS_TEMPLATE).tool_setup
+    assert setup is not None
+    view = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    shape = ChatShape(format=setup.format, think=setup.format.think, tools=(view,), new_id=setup.new_id,
+                      most_calls=most)  # fmt: skip
+    choice = ChoiceText([bytes([b]) for b in range(256)], [], None, shape)
+    call = '<tool_call>\n{{"name": "f", "arguments": {{"a": {}}}}}\n</tool_call>'
+    for b in (call.format(1) + "\n" + call.format(2)).encode():
+        if choice.stopped:
+            break
+        choice.push(TokenEvent(b))
+    stopped = choice.stopped
+    choice.end()
+    return len(choice.tool_calls or []), stopped
+
+
+def test_max_tool_calls_ignores_further_calls_and_ends_the_reply() -> None:
+    assert max_tool_calls_reply(None) == (2, False)  # the fixture: both calls are read
+    assert max_tool_calls_reply(2) == (2, False)
+    assert max_tool_calls_reply(1) == (1, True)
