@@ -105,7 +105,7 @@ def test_responses_input_items_become_chat_messages() -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"input": "x", "top_logprobs": 2}, "top_logprobs"),
+        ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include"),
         ({"input": "x", "service_tier": "flex"}, "service_tier"),
         ({"input": "x", "frequency_penalty": 1}, "frequency_penalty"),
         ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
@@ -177,7 +177,7 @@ def test_anthropic_blocks_become_chat_messages() -> None:
     [
         ({"messages": [{"role": "user", "content": "x"}], "temperature": 1.5}, "temperature"),
         ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages.0.content.0.image.source"),
-        ({"messages": [{"role": "user", "content": "x"}], "service_tier": "auto"}, "service_tier"),
+        ({"messages": [{"role": "user", "content": "x"}], "mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]}, "mcp_servers"),
         ({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled", "budget_tokens": 4096}}, None),
         ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]}, "messages.0"),
     ],

@@ -174,7 +174,7 @@ CHAT_CASES = [
     chat("allowed_token_ids empty", {"allowed_token_ids": []}, "allowed_token_ids"),
     chat("allowed_token_ids floats", {"allowed_token_ids": [1.5]}, "allowed_token_ids", "invalid_type"),
     chat("stop token ids (not a parameter)", {"stop_token_ids": [N_VOCAB]}, "stop_token_ids", UNSUPPORTED),
-    chat("five stop strings", {"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    chat("17 stop strings", {"stop": list("abcdefghijklmnopq")}, "stop"),
     chat("empty stop string", {"stop": [""]}, "stop"),
     chat("stop string of 100,000 characters", {"stop": ["x" * 100_000]}, "stop"),
     chat("stop string one past the length limit", {"stop": ["ok", "x" * (MAX_STOP_CHARS + 1)]}, "stop"),

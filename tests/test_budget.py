@@ -4,9 +4,9 @@ marker's ids, and left alone where the reply does not reason or closes in time."
 from __future__ import annotations
 
 from strata_core.api.messages_input import MessagesRequest
-from strata_core.api.responses_input import EFFORT_BUDGETS, ResponsesRequest
+from strata_core.api.responses_input import ResponsesRequest
 from strata_core.engine.budget import ThinkBudget
-from strata_core.schema.requests import parse_request
+from strata_core.schema.requests import EFFORT_BUDGETS, parse_request
 
 VOCAB = [b"<think>", b"</think>", b"\n", b" a", b" b", b"Answer", b"<", b"think>", b"</", b" "]
 OPEN, CLOSE, NL, A, B, ANSWER, LT, THINK_GT, SLASH, SPACE = range(len(VOCAB))

@@ -27,6 +27,18 @@ def test_every_turn_of_a_conversation_has_its_first_turns_key() -> None:
     assert routing_key("/v1/models", b"") is None and routing_key("/v1/chat/completions", b"not json") is None
 
 
+def test_prompt_cache_key_is_the_routing_key_on_any_route() -> None:
+    def keyed(body: bytes, key: str) -> bytes:
+        return json.dumps({**json.loads(body), "prompt_cache_key": key}).encode()
+
+    a, b = keyed(chat("sys A", "hello"), "conv-1"), keyed(chat("sys B", "other"), "conv-1")
+    assert routing_key("/v1/chat/completions", a) == routing_key("/v1/chat/completions", b)  # the key, not the text
+    assert routing_key("/v1/chat/completions", a) != routing_key("/v1/chat/completions", keyed(chat("sys A", "hello"), "conv-2"))
+    responses = json.dumps({"model": "m", "input": "hi", "prompt_cache_key": "conv-1"}).encode()
+    assert routing_key("/v1/responses", responses) == routing_key("/v1/chat/completions", a)
+    assert routing_key("/v1/chat/completions", keyed(chat("sys A", "hello"), "")) == routing_key("/v1/chat/completions", chat("sys A", "hello"))
+
+
 @given(st.text(min_size=1))
 def test_the_holder_is_tried_first_while_idle(key: str) -> None:
     ranks = rank(key, REPLICAS, {}, busy=4)

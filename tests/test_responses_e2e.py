@@ -111,7 +111,7 @@ def test_sampling_parameters_act(api: openai.OpenAI) -> None:
     assert len(hot) > 1
 
 
-@pytest.mark.parametrize(("kw", "param"), [({"top_logprobs": 2}, "top_logprobs"),
+@pytest.mark.parametrize(("kw", "param"), [({"include": ["reasoning.encrypted_content"]}, "include"),
                                           ({"extra_body": {"frequency_penalty": 1}}, "frequency_penalty"),
                                           ({"tools": [{"type": "web_search"}]}, "tools"),
                                           # not a list: once a TypeError and a 500 (found by the fuzzer)
@@ -120,6 +120,20 @@ def test_unsupported_parameters_are_refused(api: openai.OpenAI, kw: dict[str, An
     with pytest.raises(openai.BadRequestError) as err:
         api.responses.create(model="default", input=QUESTION, **kw)
     assert err.value.status_code == 400 and isinstance(err.value.body, dict) and err.value.body["param"] == param
+
+
+def test_output_text_logprobs_when_included(api: openai.OpenAI) -> None:
+    kw: Any = {"model": "default", "input": QUESTION, "max_output_tokens": 8}
+    plain = api.responses.create(**kw, top_logprobs=2)
+    assert plain.output[0].content[0].logprobs == []  # the fixture: none unless included
+    include: Any = ["message.output_text.logprobs"]
+    r = api.responses.create(**kw, include=include, top_logprobs=2)
+    part = r.output[0].content[0]
+    assert part.type == "output_text" and part.logprobs and "".join(lp.token for lp in part.logprobs) == part.text
+    assert all(len(lp.top_logprobs) == 2 and lp.logprob <= 0 for lp in part.logprobs)
+    events = list(api.responses.create(**kw, include=include, top_logprobs=2, stream=True))
+    streamed = [lp.token for e in events if e.type == "response.output_text.delta" for lp in e.logprobs or []]
+    assert streamed == [lp.token for lp in part.logprobs]
 
 
 def test_store_and_previous_response_id(api: openai.OpenAI, server: Server) -> None:

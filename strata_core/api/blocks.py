@@ -9,12 +9,13 @@ events onto its own (``output_item`` / ``content_part`` events, or ``content_blo
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from strata_core.api.stream import Collected
 from strata_core.client.reader import EngineUnavailable
 from strata_core.text.choice import Delta
+from strata_core.text.logprobs import Entry
 from strata_core.text.tools import CallDelta
 
 Kind = Literal["reasoning", "text", "call"]
@@ -23,13 +24,15 @@ Kind = Literal["reasoning", "text", "call"]
 @dataclass
 class Block:
     """One block of a reply; ``text`` is the reasoning, the text or a call's arguments
-    (JSON text) so far; a call's block carries its ``call_id`` and function ``name``."""
+    (JSON text) so far; a call's block carries its ``call_id`` and function ``name``; a
+    text block, when logprobs were asked for, the ``entries`` that spell its text."""
 
     kind: Kind
     index: int
     text: str = ""
     call_id: str = ""
     name: str = ""
+    entries: list[Entry] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class Opened:
 class Grew:
     block: Block
     text: str
+    entries: tuple[Entry, ...] = ()  # a text block's, with this text
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,9 @@ class Blocks:
         if d.reasoning:
             self._grow("reasoning", d.reasoning, out)
         if d.text:
-            self._grow("text", d.text, out)
+            self._grow("text", d.text, out, d.entries or [])
+        elif d.entries and self._open is not None and self._open.kind == "text":
+            self._open.entries += d.entries  # tokens that show no text (a stop) end the text
         for c in d.calls:
             self._call(c, out)
         return out
@@ -80,13 +86,14 @@ class Blocks:
         self._close(out)
         return out
 
-    def _grow(self, kind: Kind, text: str, out: list[Event]) -> None:
+    def _grow(self, kind: Kind, text: str, out: list[Event], entries: list[Entry] | None = None) -> None:
         if self._open is None or self._open.kind != kind:
             self._close(out)
             self._start(Block(kind, len(self.blocks)), out)
         assert self._open is not None
         self._open.text += text
-        out.append(Grew(self._open, text))
+        self._open.entries += entries or []
+        out.append(Grew(self._open, text, tuple(entries or ())))
 
     def _call(self, c: CallDelta, out: list[Event]) -> None:
         if c.id is not None:  # a call's first delta
@@ -111,7 +118,7 @@ def blocks_of(r: Collected) -> list[Block]:
     """A whole (non-streamed) reply's blocks: its reasoning, its text, then its calls."""
     calls = [CallDelta(i, c.arguments, c.id, c.name) for i, c in enumerate(r.tool_calls or ())]
     b = Blocks()
-    b.push(Delta(r.text, reasoning=r.reasoning, calls=calls))
+    b.push(Delta(r.text, reasoning=r.reasoning, calls=calls, entries=r.entries))
     b.close()
     return b.blocks
 

@@ -11,13 +11,19 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from strata_core.api import bodies, openapi
-from strata_core.api.sampling_defaults import resolve_seed
-from strata_core.api.service import Service, engine_unavailable, json_body, service_for, until_done
+from strata_core.api.service import (
+    Names,
+    Run,
+    Service,
+    engine_unavailable,
+    json_body,
+    service_for,
+    until_done,
+)
 from strata_core.api.stream import collect, reconciled, sse_stream
 from strata_core.client.reader import EngineUnavailable
 from strata_core.contract.events import Usage
 from strata_core.schema.requests import BaseRequest, ChatRequest, CompletionRequest, parse_request
-from strata_core.text.choice import ChatShape
 from strata_core.text.detokenize import decode
 
 router = APIRouter()
@@ -30,8 +36,9 @@ async def chat_completions(request: Request) -> Response:
     service.ready()
     with service.admission(req.n):
         prompt, shape = await service.chat_prompt(req)
-    grammar = await service.tool_grammar(req, shape)
-    return await respond(service, request, req, [prompt], "messages", shape=shape, grammar=grammar)
+    tool_grammar = await service.tool_grammar(req, shape, "response_format")
+    run = await service.start_run(req, [prompt], Names("messages"), shape, tool_grammar)
+    return await respond(service, request, req, run, [prompt])
 
 
 @router.post("/v1/completions", **openapi.route(CompletionRequest, "a completion"))
@@ -58,35 +65,18 @@ async def completions(request: Request) -> Response:
     echoes = None
     if req.echo:  # the prompt as sent; token ids as their text
         echoes = texts if texts is not None else [decode(service.pieces, ids) for ids in prompts]
-    return await respond(service, request, req, prompts, "prompt", echoes=echoes)
+    run = await service.start_run(req, prompts, Names("prompt"), echoes=echoes)
+    return await respond(service, request, req, run, prompts, echoed=echoes is not None)
 
 
 async def respond(
-    service: Service,
-    request: Request,
-    req: BaseRequest,
-    prompts: list[list[int]],
-    param: str,
-    echoes: list[str] | None = None,
-    shape: ChatShape | None = None,
-    grammar: str | None = None,
+    service: Service, request: Request, req: BaseRequest, run: Run, prompts: list[list[int]], echoed: bool = False
 ) -> Response:
-    """Run every choice of ``req`` (``n`` per prompt) and answer: a chat when ``shape``
-    is given (``param`` is ``messages``), else a completion."""
+    """Answer with every choice of ``run`` (``n`` per prompt): a chat for a chat request,
+    else a completion."""
     chat = isinstance(req, ChatRequest)
-    grammar, constraint, grammar_param = service.constrain(req, grammar)
-    seed = resolve_seed(req.seed)
-    max_new = [service.check_lengths(p, req, param) for p in prompts]
     rid = bodies.new_id("chatcmpl" if chat else "cmpl")
-    stops = req.stop_list()
-    think = await service.think_budget(req, shape)
-    iters = []
-    for pi, prompt in enumerate(prompts):
-        echo = echoes[pi] if echoes else ""
-        for j in range(req.n):
-            opts = service.options(req, seed=seed_for_choice(seed, pi * req.n + j), max_tokens=max_new[pi],
-                                   grammar=grammar).replace(**think)  # fmt: skip
-            iters.append(service.start_choice(prompt, opts, stops, echo, shape, grammar_param))
+    iters, seed, constraint = run.choices, run.seed, run.constraint
     headers = {"x-strata-seed": str(seed)}
     timeout = service.config.server.request_timeout or None
     if req.stream:
@@ -101,18 +91,9 @@ async def respond(
     usage = Usage(prompt=sum(len(p) for p in prompts))
     for i, r in enumerate(results):
         usage.add_choice(r.usage, first_of_prompt=i % req.n == 0)
-    if constraint is not None and not echoes:  # an echoed prompt is not part of the value
+    if constraint is not None and not echoed:  # an echoed prompt is not part of the value
         results = [reconciled(r, constraint) for r in results]
     choices = [r.choice(i, chat) for i, r in enumerate(results)]
     build = bodies.chat_response if chat else bodies.completion_response
     return JSONResponse(build(rid, service.model_id, choices, usage, seed), headers=headers)
 
-
-def seed_for_choice(seed: int, i: int) -> int:
-    """Distinct, reproducible seeds for the n choices of one request."""
-    if i == 0:
-        return seed
-    x = (seed + 0x9E3779B97F4A7C15 * i) & 0xFFFFFFFFFFFFFFFF
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-    return x ^ (x >> 31)

@@ -22,6 +22,7 @@ from strata_core.api.blocks import Block, Grew, Opened, blocks_of, stream_blocks
 from strata_core.api.messages_input import CountTokensRequest, MessagesRequest, arguments_object
 from strata_core.api.service import (
     ChatRun,
+    Names,
     engine_unavailable,
     json_body,
     service_for,
@@ -91,7 +92,7 @@ def message_body(mid: str, model: str, content: list[dict[str, Any]], stop: str 
 async def create_message(request: Request) -> Response:
     req = parse_request(MessagesRequest, await json_body(request))
     service = await service_for(request, req.model)
-    run = await service.start_chat(req.chat_request(), "messages", "max_tokens")
+    run = await service.start_chat(req.chat_request(), Names("messages", "max_tokens"))
     mid = f"msg_{uuid.uuid4().hex}"
     headers = {"x-strata-seed": str(run.seed)}
     if req.stream:

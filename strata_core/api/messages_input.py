@@ -7,7 +7,9 @@ the context), ``max_tokens``, ``stop_sequences``, ``temperature`` / ``top_p`` / 
 custom ``tools`` and ``tool_choice``, ``thinking`` (the template's ``enable_thinking``;
 ``budget_tokens`` bounds the thinking, as the chat's ``reasoning_budget``; max_tokens
 bounds thinking and answer together), ``metadata``, ``stream``. ``cache_control`` marks are accepted: Strata reuses
-cached prefixes on its own. Any other parameter is a 400 naming it.
+cached prefixes on its own. A parameter Strata does not implement is accepted only with a
+value that asks for nothing (``mcp_servers: []``, ``service_tier: "auto"``:
+schema/neutral.py); any other parameter or value is a 400 naming it.
 """
 
 from __future__ import annotations
@@ -23,15 +25,9 @@ from strata_core.schema.requests import (
     Strict,
     TopP,
     check_stop_lengths,
-    drop_unset,
     invalid,
     parse_request,
 )
-
-NOT_SUPPORTED = (
-    "container", "context_management", "diagnostics", "inference_geo", "mcp_servers",
-    "output_config", "service_tier", "speed", "user_profile_id", "workspace_id",
-)  # fmt: skip
 
 BLOCK_KINDS = ("text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking")
 
@@ -171,10 +167,9 @@ class CountTokensRequest(Strict):
     thinking: Thinking | None = None
     cache_control: dict[str, Any] | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_unsupported(cls, data: Any) -> Any:
-        return drop_unset(data, NOT_SUPPORTED)
+    # accepted only with a value that asks for nothing (schema/neutral.py)
+    unimplemented = ("container", "context_management", "diagnostics", "inference_geo", "mcp_servers",
+                     "output_config", "service_tier", "speed", "user_profile_id", "workspace_id")  # fmt: skip
 
     def chat_request(self) -> ChatRequest:
         """The chat request that runs this on the shared path."""

@@ -38,8 +38,14 @@ from strata_core.api.ollama_input import (
     OllamaOptions,
 )
 from strata_core.api.pool import Loaded, ModelPool
-from strata_core.api.sampling_defaults import resolve_seed
-from strata_core.api.service import ChatRun, Service, engine_unavailable, json_body, until_done
+from strata_core.api.service import (
+    ChatRun,
+    Names,
+    Service,
+    engine_unavailable,
+    json_body,
+    until_done,
+)
 from strata_core.api.stream import collect, reconciled
 from strata_core.client.reader import EngineUnavailable
 from strata_core.contract.events import Usage
@@ -262,7 +268,7 @@ async def chat(request: Request) -> Response:
     service, load_ns = await service_named(request, body.model)
     check_context(service, body.options)
     timing = Timing(load_ns)
-    run = await service.start_chat(req, "messages", "options.num_predict", "format")
+    run = await service.start_chat(req, Names("messages", "options.num_predict", "format"))
     return await answer(request, service, run, True, timing, body)
 
 
@@ -277,7 +283,7 @@ async def generate(request: Request) -> Response:
     if body.raw:
         run = await raw_run(service, body.completion_request())
     else:
-        run = await service.start_chat(body.chat_request(), "prompt", "options.num_predict", "format")
+        run = await service.start_chat(body.chat_request(), Names("prompt", "options.num_predict", "format"))
     return await answer(request, service, run, False, timing, body)
 
 
@@ -285,12 +291,8 @@ async def raw_run(service: Service, req: BaseRequest) -> ChatRun:
     """``raw``: the prompt's text as it is, no chat template."""
     service.ready()
     prompt = await service.tokenize(str(getattr(req, "prompt", "")))
-    grammar, constraint, grammar_param = service.constrain(req, None, "format")
-    seed = resolve_seed(req.seed)
-    max_new = service.check_lengths(prompt, req, "prompt", "options.num_predict")
-    opts = service.options(req, seed=seed, max_tokens=max_new, grammar=grammar)
-    pieces = service.start_choice(prompt, opts, req.stop_list(), grammar_param=grammar_param)
-    return ChatRun(pieces, len(prompt), seed, constraint)
+    run = await service.start_run(req, [prompt], Names("prompt", "options.num_predict", "format"))
+    return ChatRun(run.choices[0], len(prompt), run.seed, run.constraint)
 
 
 # ---- embeddings --------------------------------------------------------------------------
@@ -416,7 +418,9 @@ async def show(request: Request) -> dict[str, Any]:
         capabilities.append("tools")
     if "<think>" in template or "enable_thinking" in template:
         capabilities.append("thinking")
-    return {"modelfile": f"FROM {spec.path}\n", "parameters": "", "template": template, "details": row["details"],
+    # the context a request's options.num_ctx may ask for (clients such as Continue read it here)
+    n_ctx = entry.service.n_ctx if entry.service is not None else spec.config.engine.n_ctx
+    return {"modelfile": f"FROM {spec.path}\n", "parameters": f"num_ctx {n_ctx}", "template": template, "details": row["details"],
             "model_info": info, "capabilities": capabilities, "modified_at": row["modified_at"]}  # fmt: skip
 
 

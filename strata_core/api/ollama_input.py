@@ -6,7 +6,7 @@ and turned into the requests the shared path runs (requests.ChatRequest, Complet
 repeat_last_n, presence_penalty, frequency_penalty. ``num_ctx`` is accepted up to the
 engine's context. Options that set how a model loads (num_gpu, num_thread, ...) are the
 operator's, and sampling options Strata does not have (mirostat, typical_p, tfs_z) are a
-400 naming them unless neutral. ``format`` is ``"json"`` or a JSON schema; ``tools`` are
+400 naming them unless neutral (schema/neutral.py). ``format`` is ``"json"`` or a JSON schema; ``tools`` are
 OpenAI's function tools, calls carry their arguments as objects; ``think`` sets the
 template's ``enable_thinking``.
 """
@@ -40,8 +40,6 @@ LOAD_OPTIONS = (
     "numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv", "logits_all", "vocab_only",
     "use_mmap", "use_mlock", "embedding_only", "num_thread", "num_keep", "penalize_newline",
 )  # fmt: skip
-#: Sampling options Strata does not have, and the value that leaves them off.
-NEUTRAL = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0}
 #: The chat request's field -> the Ollama name, for errors.
 PARAMS = {v: f"options.{k}" for k, v in SAMPLING.items()} | {
     "response_format": "format", "chat_template_kwargs": "think", "tools": "tools", "messages": "messages",
@@ -63,11 +61,8 @@ class OllamaOptions(Strict):
     repeat_last_n: int | None = Field(default=None, ge=-1)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    mirostat: int | None = None
     mirostat_tau: float | None = None
     mirostat_eta: float | None = None
-    typical_p: float | None = None
-    tfs_z: float | None = None
     numa: bool | None = None
     num_batch: int | None = None
     num_gpu: int | None = None
@@ -83,18 +78,15 @@ class OllamaOptions(Strict):
     num_keep: int | None = None
     penalize_newline: bool | None = None
 
+    # sampling Strata does not have: accepted at the value that leaves it off (schema/neutral.py)
+    unimplemented = ("mirostat", "typical_p", "tfs_z")
+
     def sampling(self) -> dict[str, Any]:
         """The chat request's sampling fields; 400 naming an option Strata cannot honour."""
         for name in LOAD_OPTIONS:
             if getattr(self, name) is not None:
                 raise ApiError(400, f"options.{name} sets how the model is loaded, which this server's "
                                "configuration decides; leave it out", param=f"options.{name}",
-                               code="unsupported_parameter")  # fmt: skip
-        for name, neutral in NEUTRAL.items():
-            value = getattr(self, name)
-            if value is not None and value != neutral:
-                raise ApiError(400, f"options.{name} = {value}: Strata has no {name} sampling (only "
-                               f"{neutral}, off); leave it out", param=f"options.{name}",
                                code="unsupported_parameter")  # fmt: skip
         out: dict[str, Any] = {}
         for name, field in SAMPLING.items():
@@ -175,8 +167,8 @@ class Generation(Strict):
 class OllamaChat(Generation):
     messages: list[OllamaMessage] = Field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
-    logprobs: Literal[False] | None = None
-    top_logprobs: Literal[0] | None = None
+
+    unimplemented = ("logprobs", "top_logprobs")
 
     def chat_request(self) -> ChatRequest:
         body = {**self.common(), "messages": chat_messages(self.messages)}
@@ -189,12 +181,8 @@ class OllamaGenerate(Generation):
     prompt: str | None = None
     system: str | None = None
     raw: bool = False
-    suffix: Literal[""] | None = None
-    template: Literal[""] | None = None
-    context: list[int] | None = Field(default=None, max_length=0)
-    images: list[str] | None = Field(default=None, max_length=0)
-    logprobs: Literal[False] | None = None
-    top_logprobs: Literal[0] | None = None
+
+    unimplemented = ("suffix", "template", "context", "images", "logprobs", "top_logprobs")
 
     def chat_request(self) -> ChatRequest:
         """The prompt as the user's turn (after ``system``), through the chat template."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ from strata_core.api.blocks import Block, Grew, Opened, blocks_of, stream_blocks
 from strata_core.api.responses_input import ResponsesRequest, assistant_message
 from strata_core.api.service import (
     ChatRun,
+    Names,
     Service,
     engine_unavailable,
     json_body,
@@ -37,6 +38,7 @@ from strata_core.contract.events import Usage
 from strata_core.schema.errors import ApiError
 from strata_core.schema.requests import parse_request
 from strata_core.text.choice import Delta
+from strata_core.text.logprobs import Entry
 
 router = APIRouter()
 
@@ -119,6 +121,9 @@ class Reply:
             "tool_choice": choice.model_dump() if choice is not None and not isinstance(choice, str) else choice or "auto",
             "tools": [t.model_dump() for t in req.tools or ()], "truncation": "disabled",
             "usage": usage, "user": req.user, "metadata": req.metadata or {},
+            "safety_identifier": req.safety_identifier, "prompt_cache_key": req.prompt_cache_key,
+            "prompt_cache_retention": req.prompt_cache_retention, "top_logprobs": req.top_logprobs or 0,
+            "max_tool_calls": req.max_tool_calls, "service_tier": "default",
         }  # fmt: skip
 
     def item_id(self, block: Block) -> str:
@@ -133,12 +138,14 @@ class Reply:
             parts = [{"type": "reasoning_text", "text": text}] if whole else []
             return {"type": "reasoning", **out, "summary": [], "content": parts}
         if block.kind == "text":
-            return {"type": "message", **out, "role": "assistant", "content": [output_text(text)] if whole else []}
+            part = output_text(text, block.entries if whole else [])
+            return {"type": "message", **out, "role": "assistant", "content": [part] if whole else []}
         return {"type": "function_call", **out, "call_id": block.call_id, "name": block.name, "arguments": text}
 
 
-def output_text(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def output_text(text: str, entries: Sequence[Entry] = ()) -> dict[str, Any]:
+    """An ``output_text`` part; ``entries``: its tokens' logprobs (include asked for them)."""
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": [bodies.entry_body(e) for e in entries]}
 
 
 def status_of(finish: str) -> str:
@@ -175,7 +182,7 @@ async def create_response(request: Request) -> Response:
     service = await service_for(request, req.model)
     store = store_of(request)
     conversation = req.conversation(store.history(req))
-    run = await service.start_chat(req.chat_request(conversation), "input", "max_output_tokens", "text.format")
+    run = await service.start_chat(req.chat_request(conversation), Names("input", "max_output_tokens", "text.format"))
     reply = Reply(f"resp_{uuid.uuid4().hex}", service.model_id, req, bodies.now())
     headers = {"x-strata-seed": str(run.seed)}
     if req.stream:
@@ -221,7 +228,7 @@ async def stream_events(
                     yield event(kind, **fields)
             elif isinstance(ev, Grew):
                 reasoning += ev.text if ev.block.kind == "reasoning" else ""
-                kind, fields = grew(reply, ev.block, ev.text)
+                kind, fields = grew(reply, ev.block, ev.text, ev.entries)
                 yield event(kind, **fields)
             else:
                 status = status_of(last.finish) if last.finish else "completed"  # the end closes the last
@@ -251,12 +258,13 @@ def opened(reply: Reply, block: Block) -> Events:
     return out
 
 
-def grew(reply: Reply, block: Block, text: str) -> tuple[str, dict[str, Any]]:
+def grew(reply: Reply, block: Block, text: str, entries: Sequence[Entry] = ()) -> tuple[str, dict[str, Any]]:
     at = {"output_index": block.index, "item_id": reply.item_id(block)}
     if block.kind == "reasoning":
         return "response.reasoning_text.delta", {**at, "content_index": 0, "delta": text}
     if block.kind == "text":
-        return "response.output_text.delta", {**at, "content_index": 0, "delta": text, "logprobs": []}
+        return "response.output_text.delta", {**at, "content_index": 0, "delta": text,
+                                               "logprobs": [bodies.entry_body(e) for e in entries]}  # fmt: skip
     return "response.function_call_arguments.delta", {**at, "delta": text}
 
 
@@ -268,7 +276,8 @@ def closed(reply: Reply, block: Block, status: str) -> Events:
         out.append(("response.reasoning_text.done", {**at, "content_index": 0, "text": block.text}))
         out.append(("response.content_part.done", {**at, "content_index": 0, "part": item["content"][0]}))
     elif block.kind == "text":
-        out.append(("response.output_text.done", {**at, "content_index": 0, "text": block.text, "logprobs": []}))
+        out.append(("response.output_text.done", {**at, "content_index": 0, "text": block.text,
+                                                   "logprobs": item["content"][0]["logprobs"]}))  # fmt: skip
         out.append(("response.content_part.done", {**at, "content_index": 0, "part": item["content"][0]}))
     else:
         out.append(("response.function_call_arguments.done", {**at, "name": block.name, "arguments": block.text}))

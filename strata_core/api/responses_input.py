@@ -5,9 +5,13 @@ What is taken: ``input`` (text, or items: messages, ``function_call`` and
 ``function_call_output`` items, and ``reasoning`` items, which are dropped as chat
 templates drop an earlier turn's reasoning), ``instructions``, ``max_output_tokens``,
 ``temperature``, ``top_p``, ``text.format``, function ``tools``, ``tool_choice``,
-``parallel_tool_calls``, ``reasoning.effort`` (the template's ``enable_thinking``: off
-for ``none``), ``store`` / ``previous_response_id``, ``metadata``, ``user``, ``stream``.
-Any other parameter, or a value of one that Strata does not implement, is a 400 naming it.
+``parallel_tool_calls``, ``max_tool_calls`` (calls past it are ignored), ``reasoning.effort``
+(the chat's ``reasoning_effort``), ``top_logprobs`` with ``include:
+["message.output_text.logprobs"]``, ``store`` / ``previous_response_id``, ``stream``, and the
+hints ``metadata``, ``user``, ``safety_identifier``, ``prompt_cache_key``,
+``prompt_cache_retention`` (echoed in the response). A parameter Strata does not implement
+is accepted only with a value that asks for nothing (schema/neutral.py); any other
+parameter or value is a 400 naming it.
 """
 
 from __future__ import annotations
@@ -17,23 +21,21 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
+from strata_core.contract.options import MAX_ALTERNATIVES
 from strata_core.schema.requests import (
     ChatRequest,
+    Effort,
     JsonSchemaFormat,
     Strict,
     Temperature,
     TopP,
-    drop_unset,
     invalid,
     parse_request,
 )
 
-#: Parameters accepted only as null / false ("not asked for"), refused otherwise.
-NOT_SUPPORTED = (
-    "background", "conversation", "include", "max_tool_calls", "prompt", "prompt_cache_key",
-    "prompt_cache_retention", "safety_identifier", "service_tier", "stream_options",
-    "top_logprobs", "context_management",
-)  # fmt: skip
+#: What ``include`` may ask for: the output text's logprobs (top_logprobs: how many
+#: alternatives each token lists).
+LOGPROBS = "message.output_text.logprobs"
 
 
 MESSAGE_PARTS = "input_text, output_text, input_image and input_file (audio)"
@@ -198,18 +200,14 @@ class TextFormat(Strict):
 
 class TextConfig(Strict):
     format: TextFormat | None = None
-    verbosity: None = None
 
-
-#: ``reasoning.effort`` as a reasoning budget in tokens (``none`` turns thinking off;
-#: ``xhigh`` reasons until the model closes its reasoning itself).
-EFFORT_BUDGETS = {"minimal": 256, "low": 1024, "medium": 4096, "high": 16384}
+    unimplemented = ("verbosity",)
 
 
 class ReasoningConfig(Strict):
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
-    summary: None = None  # no summaries are written: refused when asked for
-    generate_summary: None = None
+    effort: Effort | None = None
+
+    unimplemented = ("summary", "generate_summary")  # no summaries are written
 
 
 class ResponsesRequest(Strict):
@@ -226,15 +224,27 @@ class ResponsesRequest(Strict):
     reasoning: ReasoningConfig | None = None
     store: bool | None = None
     previous_response_id: str | None = None
+    stream: bool | None = None
+    include: list[str] | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_ALTERNATIVES)
+    max_tool_calls: int | None = Field(default=None, ge=1)
+    # Hints: they cannot change a reply; echoed in the response.
     metadata: dict[str, str] | None = None
     user: str | None = None
-    stream: bool | None = None
-    truncation: Literal["disabled"] | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
 
-    @model_validator(mode="before")
+    unimplemented = ("background", "conversation", "prompt", "service_tier", "stream_options",
+                     "context_management", "truncation")  # fmt: skip
+
+    @field_validator("include")
     @classmethod
-    def _refuse_unsupported(cls, data: Any) -> Any:
-        return drop_unset(data, NOT_SUPPORTED)
+    def _include(cls, value: list[str] | None) -> list[str] | None:
+        for name in value or ():
+            if name != LOGPROBS:
+                raise invalid(f"asks for {name!r}; Strata can include only {LOGPROBS!r}", "unsupported_value")
+        return value
 
     @field_validator("input", mode="before")
     @classmethod
@@ -266,9 +276,12 @@ class ResponsesRequest(Strict):
         as a system message leading the conversation."""
         lead = [] if self.instructions is None else [{"role": "system", "content": self.instructions}]
         body: dict[str, Any] = {"model": self.model, "messages": lead + conversation}
-        for name in ("temperature", "top_p", "parallel_tool_calls"):
+        for name in ("temperature", "top_p", "parallel_tool_calls", "max_tool_calls", "user", "metadata",
+                     "safety_identifier", "prompt_cache_key", "prompt_cache_retention"):  # fmt: skip
             if getattr(self, name) is not None:
                 body[name] = getattr(self, name)
+        if LOGPROBS in (self.include or ()):
+            body.update(logprobs=True, top_logprobs=self.top_logprobs or 0)
         if self.max_output_tokens is not None:
             body["max_completion_tokens"] = self.max_output_tokens
         if self.tools:
@@ -281,9 +294,7 @@ class ResponsesRequest(Strict):
         if self.text is not None and self.text.format is not None:
             body["response_format"] = self.text.format.response_format()
         if self.reasoning is not None and self.reasoning.effort is not None:
-            body["chat_template_kwargs"] = {"enable_thinking": self.reasoning.effort != "none"}
-            if self.reasoning.effort in EFFORT_BUDGETS:
-                body["reasoning_budget"] = EFFORT_BUDGETS[self.reasoning.effort]
+            body["reasoning_effort"] = self.reasoning.effort
         return parse_request(ChatRequest, body)
 
 

@@ -28,8 +28,10 @@ def _text(content: Any) -> str:
 
 
 def routing_key(path: str, body: bytes) -> str | None:
-    """The leading text of the prompt a request renders (chat: its messages up to and
-    including the first user message; completions: its prompt); None when it has none."""
+    """The request's ``prompt_cache_key`` when it sends one (the client's name for the
+    prefix its requests share, on any route); else the leading text of the prompt it
+    renders (chat: its messages up to and including the first user message; completions:
+    its prompt); None when it has neither."""
     try:
         req = json.loads(body)
     except ValueError:
@@ -37,6 +39,8 @@ def routing_key(path: str, body: bytes) -> str | None:
     if not isinstance(req, dict):
         return None
     model = str(req.get("model"))
+    if isinstance(req.get("prompt_cache_key"), str) and req["prompt_cache_key"]:
+        return f"{model}\ncache key\n{req['prompt_cache_key']}"
     if path.endswith("/chat/completions") and isinstance(req.get("messages"), list):
         parts = []
         for m in req["messages"]:

@@ -1,7 +1,7 @@
 """OpenAI request models for /v1/chat/completions and /v1/completions (pydantic v2).
 
-Every field we do not implement is refused with a 400 that names it, never silently
-ignored. Values are normalised on the way in, so the rest of the server sees one spelling:
+A field the API documents and we do not implement is refused with a 400 that names it,
+unless its value asks for nothing (null, [], the default: schema/neutral.py). Values are normalised on the way in, so the rest of the server sees one spelling:
 ``top_k=-1`` becomes 0 (off), ``penalty_last_n=-1`` becomes :data:`PENALTY_LAST_N_ALL`,
 a seed is stored modulo 2**64, and ``logit_bias`` keys become ints.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from functools import cached_property
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import (
@@ -29,11 +30,13 @@ from strata_core.contract.options import (
 )
 
 from .errors import ApiError, from_validation_error
+from .neutral import drop_neutral
 
 #: Most choices one request may ask for.
 MAX_N = 16
-#: Most stop strings one request may carry (OpenAI's limit).
-MAX_STOP = 4
+#: Most stop strings one request may carry. OpenAI takes 4; coding clients send more
+#: (Continue's autocomplete: 7 to 9), and a stop costs the matcher little.
+MAX_STOP = 16
 #: Longest stop string, in characters: the text a stream holds back while a stop may be
 #: starting is as long as the longest one.
 MAX_STOP_CHARS = 1000
@@ -52,22 +55,6 @@ SEED_MIN = -(1 << 63)
 SEED_MOD = 1 << 64
 
 
-#: Fields that later work will implement. Until then a value other than null/false is
-#: refused with a 400 naming the field; null/false mean "not asked for" and are accepted.
-#: ``suffix`` is a /v1/completions field.
-NOT_YET_SUPPORTED: tuple[str, ...] = (
-    "functions",  # the legacy spelling of tools / tool_choice: send those instead
-    "function_call",
-    "suffix",
-)
-
-#: The same, inside a chat message: an assistant message echoed back by a client carries
-#: these as null.
-MESSAGE_NOT_YET_SUPPORTED: tuple[str, ...] = (
-    "function_call",
-    "refusal",
-)
-
 _TOKEN_ID = re.compile(r"[0-9]+")
 
 # Ranges of the sampling fields, shared with the operator's [sampling] defaults (ops/config.py).
@@ -77,25 +64,6 @@ MinP = Annotated[float | None, Field(ge=0.0, le=1.0)]
 Penalty = Annotated[float | None, Field(ge=-2.0, le=2.0)]  # presence and frequency, as OpenAI
 # Above 10 is no longer a penalty but a ban, which logit_bias expresses honestly.
 RepetitionPenalty = Annotated[float | None, Field(gt=0.0, le=10.0)]
-
-
-def drop_unset(data: Any, names: tuple[str, ...]) -> Any:
-    """Drop fields in ``names`` sent as null/false; refuse any other value for them."""
-    if not isinstance(data, dict):
-        return data
-    data = dict(data)
-    for name in names:
-        if name not in data:
-            continue
-        if data[name] is None or data[name] is False:
-            del data[name]
-        else:
-            raise PydanticCustomError(
-                "unsupported_parameter",
-                "is not supported yet (leave it out, or send null or false)",
-                {"field": name},
-            )
-    return data
 
 
 def invalid(message: str, kind: str = "invalid_value") -> PydanticCustomError:
@@ -126,6 +94,15 @@ def _is_number(value: Any) -> bool:
 class _Strict(BaseModel):
     # strict: "0.7" is not a number and 1 is not true; floats must be finite.
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    #: Parameters the API documents that Strata does not implement: accepted only with a
+    #: value that asks for nothing (schema/neutral.py), refused with a 400 otherwise.
+    unimplemented: ClassVar[tuple[str, ...]] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _neutral_only(cls, data: Any) -> Any:
+        return drop_neutral(data, cls.unimplemented)
 
 
 #: The base of every request model, also the other API families' (api/responses_input.py ...).
@@ -328,10 +305,8 @@ class ChatMessage(_Strict):
     tool_calls: list[MessageToolCall] | None = None
     tool_call_id: str | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_later_work(cls, data: Any) -> Any:
-        return drop_unset(data, MESSAGE_NOT_YET_SUPPORTED)
+    # an assistant message echoed back by a client carries these as null or []
+    unimplemented = ("function_call", "refusal", "audio", "annotations")
 
     @field_validator("content", mode="plain", json_schema_input_type=str | list[ContentPart] | None)
     @classmethod
@@ -412,7 +387,6 @@ class BaseRequest(_Strict):
     n: int = Field(default=1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
     seed: int | None = Field(default=None, ge=SEED_MIN, lt=SEED_MOD)
     temperature: Temperature = None
     top_p: TopP = None
@@ -441,12 +415,14 @@ class BaseRequest(_Strict):
     # out gets 0, and a request without lora gets the configured scales.
     lora: list[LoraScale] | None = None
 
-    _grammar_size = field_validator("grammar")(_text_size)
+    # Hints: they cannot change a reply.
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None  # the routing key of scale/'s prefix-aware front
+    prompt_cache_retention: str | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_later_work(cls, data: Any) -> Any:
-        return drop_unset(data, NOT_YET_SUPPORTED)
+    _grammar_size = field_validator("grammar")(_text_size)
 
     @model_validator(mode="after")
     def _one_constraint(self) -> BaseRequest:
@@ -593,6 +569,12 @@ class NamedToolChoice(_Strict):
 
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
+#: ``reasoning_effort`` (chat) and ``reasoning.effort`` (Responses) as a reasoning budget in
+#: tokens; ``none`` turns thinking off, ``xhigh`` reasons until the model closes its
+#: reasoning itself.
+EFFORT_BUDGETS = {"minimal": 256, "low": 1024, "medium": 4096, "high": 16384}
+Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+
 #: chat_template_kwargs that would replace what the server itself hands the template.
 RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "documents")
 
@@ -611,11 +593,29 @@ class ChatRequest(BaseRequest):
     # Extension (llama-server's name): the most tokens the reply may reason for; then the
     # engine closes the reasoning (</think>) and the answer follows. -1: no limit.
     reasoning_budget: int | None = Field(default=None, ge=-1)
+    # The template's enable_thinking (off for none) and a reasoning_budget (EFFORT_BUDGETS);
+    # either, sent as well, wins.
+    reasoning_effort: Effort | None = None
+    # Extension (Responses' name): the most tool calls a reply makes; the model's further
+    # calls are ignored (a forced call's grammar admits no more).
+    max_tool_calls: int | None = Field(default=None, ge=1)
+
+    unimplemented = ("functions", "function_call", "audio", "prediction", "web_search_options", "modalities",
+                     "service_tier", "store", "verbosity")  # fmt: skip
 
     @field_validator("reasoning_budget")
     @classmethod
     def _no_limit(cls, value: int | None) -> int | None:
         return None if value == -1 else value
+
+    @model_validator(mode="after")
+    def _effort(self) -> ChatRequest:
+        effort = self.reasoning_effort
+        if effort is not None:
+            self.chat_template_kwargs = {"enable_thinking": effort != "none", **(self.chat_template_kwargs or {})}
+            if self.reasoning_budget is None and "reasoning_budget" not in self.model_fields_set:
+                self.reasoning_budget = EFFORT_BUDGETS.get(effort)
+        return self
 
     def media(self) -> list[tuple[str, MediaPart]]:
         """Every media part in prompt order, with its parameter path (messages.I.content.J)."""
@@ -695,6 +695,16 @@ class ChatRequest(BaseRequest):
             return "named"
         return self.tool_choice or "auto"
 
+    @cached_property
+    def tool_views(self) -> tuple[dict[str, Any], ...]:
+        """Every tool as chat templates read it (Tool.template_view), made once."""
+        return tuple(t.template_view() for t in self.tools or ())
+
+    def forced_views(self) -> list[dict[str, Any]]:
+        """The template views of :meth:`forced_tools`."""
+        names = {t.function.name for t in self.forced_tools()}
+        return [v for v in self.tool_views if v["function"]["name"] in names]
+
     def forced_tools(self) -> list[Tool]:
         """The tools one of which must be called (required: all; named: that one)."""
         tools = self.tools or []
@@ -768,6 +778,8 @@ class CompletionRequest(BaseRequest):
     prompt: Prompt
     logprobs: int | None = None
     echo: bool | None = None
+
+    unimplemented = ("suffix", "best_of")
 
     @field_validator("logprobs", mode="plain", json_schema_input_type=int | bool | None)
     @classmethod

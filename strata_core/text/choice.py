@@ -55,7 +55,9 @@ class ChatShape:
     """How a chat reply is cut up: ``thinking`` the prompt left a reasoning block open;
     ``format`` the family format its tool calls are read in, or ``dialect`` the generic
     one's (neither: the reply is only content); ``think`` the reasoning tags; ``tools`` the
-    request's tools (how XML-style values are typed); ``new_id`` makes call ids."""
+    request's tools (how XML-style values are typed); ``new_id`` makes call ids;
+    ``most_calls`` the calls the reply may make (``max_tool_calls``: a further call is
+    ignored and ends the reply)."""
 
     thinking: bool = False
     dialect: Dialect | None = None
@@ -63,6 +65,7 @@ class ChatShape:
     think: tuple[str, str] = THINK
     tools: tuple[Mapping[str, Any], ...] = ()
     new_id: Callable[[], str] = new_call_id
+    most_calls: int | None = None
 
     def tool_parser(self) -> ToolCallParser | FormatParser | None:
         if self.format is not None:
@@ -93,6 +96,7 @@ class ChoiceText:
         self._aligner = None if alternatives is None else Aligner(pieces, alternatives)
         self._think = None if shape is None else ThinkSplitter(shape.thinking, shape.think)
         self._tools = None if shape is None else shape.tool_parser()
+        self._most_calls = None if shape is None else shape.most_calls
         self._spans: dict[str, Span] = {}  # "reasoning" / "content", opened at their start
         self._released = 0  # characters of the text shown so far
         self.stopped = False
@@ -101,7 +105,9 @@ class ChoiceText:
 
     @property
     def tool_calls(self) -> list[ToolCall] | None:
-        return None if self._tools is None else self._tools.calls
+        if self._tools is None:
+            return None
+        return self._tools.calls[: self._most_calls] if self._most_calls is not None else self._tools.calls
 
     @property
     def stop_sequence(self) -> str | None:
@@ -144,11 +150,21 @@ class ChoiceText:
         if self._tools is not None:
             events = self._tools.push(out.text) + (self._tools.flush() if last else [])
             out.text, out.calls = split_events(events)
+            out.calls = self._within_limit(out.calls)
         if self._aligner is not None:
             reasoning_end = None if self._think is None else self._think.reasoning_end
             out.reasoning_entries = self._entries("reasoning", pieces, reasoning_end, last)
             out.entries = self._entries("content", pieces, self._released if last else None, last)
         return out
+
+    def _within_limit(self, calls: list[CallDelta]) -> list[CallDelta]:
+        """``calls`` without those past ``most_calls``; the first of them ends the reply."""
+        most = self._most_calls
+        if most is None:
+            return calls
+        if any(c.index >= most for c in calls):
+            self.stopped = True
+        return [c for c in calls if c.index < most]
 
     def _entries(self, kind: str, pieces: list[Piece], end: int | None, last: bool) -> list[Entry]:
         """The entries of ``kind``'s text released now; ``end``: where that text ended."""
