@@ -151,6 +151,9 @@ class ChoiceText:
             events = self._tools.push(out.text) + (self._tools.flush() if last else [])
             out.text, out.calls = split_events(events)
             out.calls = self._within_limit(out.calls)
+            if self.stopped and not last:  # a call past max_tool_calls ended the reply: so does the parser
+                _, done = split_events(self._tools.flush())
+                out.calls += self._within_limit(done)
         if self._aligner is not None:
             reasoning_end = None if self._think is None else self._think.reasoning_end
             out.reasoning_entries = self._entries("reasoning", pieces, reasoning_end, last)
