@@ -13,7 +13,7 @@ import numpy as np
 
 from strata_core.engine.llama import Batch, Llama
 from strata_core.engine.request import Slot
-from strata_core.engine.speculation.cost import micro_batches
+from strata_core.engine.ubatch import micro_batches
 
 
 class Chunk(NamedTuple):

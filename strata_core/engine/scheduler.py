@@ -16,13 +16,13 @@ import traceback
 from collections import deque
 
 from strata_core.contract import protocol as proto
+from strata_core.engine.averages import moving_average
 from strata_core.engine.emitter import Emitter
 from strata_core.engine.llama import Llama
 from strata_core.engine.media_runs import decode_media_ahead, media_boundary, text_ahead
 from strata_core.engine.prompt_cache import SavedPrompts, common_prefix
 from strata_core.engine.request import Request, Slot
 from strata_core.engine.runner import Chunk
-from strata_core.engine.speculation.cost import moving_average
 
 #: less than computing them again); a slot's cache is saved before it loses as many.
 COPY_MIN_GAIN = 16
