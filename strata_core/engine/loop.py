@@ -237,7 +237,7 @@ class Engine:
         order, speculation judging each window. A window under a grammar (whose mask at a
         row follows the tokens kept before it) or from the draft model samples row by row."""
         rows: list[Row | None] = [None] * len(logits)
-        plan: list[tuple[Slot, Proposal | None, np.ndarray | None, bool]] = []  # slot, window, mask, sampled now
+        todo: list[tuple[Slot, Proposal | None, np.ndarray | None, bool]] = []  # slot, window, mask, sampled now
         picked: list[int] = []  # rows whose token the decode picked
         for slot in group:
             req = slot.req
@@ -245,19 +245,19 @@ class Engine:
             self.emitter.decoded(slot)
             prop = drafts.get(slot.seq)
             if slot.device:
-                plan.append((slot, prop, None, True))
+                todo.append((slot, prop, None, True))
                 at = first[slot.seq]
                 picked += range(at, at + 1 + (len(prop.offered) if prop is not None else 0))
                 continue
             if prop is not None and (prop.q_rows is not None or req.grammar is not None):
-                plan.append((slot, prop, None, False))
+                todo.append((slot, prop, None, False))
                 continue
             mask = None
             if req.grammar is not None:
                 ok, mask = self.emitter.mask(slot)
                 if not ok:
                     continue
-            plan.append((slot, prop, mask, True))
+            todo.append((slot, prop, mask, True))
             at = first[slot.seq]
             rows[at] = self._row(slot, mask)
             for j in range(1, len(prop.tokens) + 1 if prop is not None else 1):
@@ -266,7 +266,7 @@ class Engine:
         out = sample_rows(logits, rows) if len(picked) < len(rows) else Sampled(np.full(len(rows), -1), {})
         self._picked(out, picked, len(logits))
         tokens, accept = out.tokens.tolist(), self.emitter.accept
-        for slot, prop, mask, sampled in plan:
+        for slot, prop, mask, sampled in todo:
             at = first[slot.seq]
             if prop is None and slot.device:  # the decode's pick (it is never refused)
                 accept(slot, None, tokens[at], None)

@@ -102,6 +102,8 @@ class Scheduler:
         into its sequence, each in a ``llama_decode`` of its own (media_runs.py), before the
         step's prefill is planned: a prompt's text runs stop at them."""
         for slot in self.slots:
+            if slot.req is None or not slot.req.media or not slot.pending:
+                continue  # (most slots: asked every step)
             try:
                 while slot.req is not None and decode_media_ahead(self.llama, slot.seq, slot.cached, slot.pending, slot.req.media):
                     pass

@@ -13,6 +13,8 @@ def micro_batches(rows: Sequence[tuple[int, int]]) -> int:
     a micro-batch takes a run of consecutive sequence ids from the first with rows left,
     and as many rows from each as the one with fewest left has (llama_batch_allocr::
     split_equal, sequential)."""
+    if rows and rows[-1][0] - rows[0][0] == len(rows) - 1 and len({n for _, n in rows}) == 1 and rows[0][1] > 0:
+        return 1  # consecutive sequences holding equal rows, the usual step: asked every step
     left = [[seq, n] for seq, n in rows if n > 0]
     count = 0
     while left:
