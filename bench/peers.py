@@ -30,8 +30,9 @@ def llama_server(backend_name: str) -> Path:
     return peer_binary(backend_name, "llama-server")
 
 
-def peer_binary(backend_name: str, name: str) -> Path:
-    """The path of ``name`` (one of ``TARGETS``), built for the backend where not yet."""
+def peer_binary(backend_name: str, name: str, targets: list[str] | None = None) -> Path:
+    """The path of ``name`` (one of ``TARGETS``), built for the backend (with ``targets``,
+    default just ``name``) where not yet."""
     backend = load_registry().get(backend_name)
     spec = backend.build_spec()
     env = {**os.environ, **spec.env}
@@ -41,8 +42,10 @@ def peer_binary(backend_name: str, name: str) -> Path:
     if tree and Path(tree, "CMakeCache.txt").is_file():
         build = Path(tree)
         # llama.cpp's tools add tools/mtmd themselves (llama-server links it): the engine's
-        # own add of it (LLAVA_BUILD) would claim the same binary directory
-        subprocess.run(["cmake", str(build), *TOOLS_ON, "-DLLAVA_BUILD=OFF"], check=True, env=env)
+        # own add of it (LLAVA_BUILD) would claim the same binary directory. Configured so
+        # once (a binary of it is there): configuring again makes ninja rebuild the server.
+        if not any(build.rglob(name)):
+            subprocess.run(["cmake", str(build), *TOOLS_ON, "-DLLAVA_BUILD=OFF"], check=True, env=env)
     else:
         build = strata_home() / "peers" / f"{engine.path.parent.name}-build"
         src = source_dir(print) / "vendor" / "llama.cpp"
@@ -52,7 +55,7 @@ def peer_binary(backend_name: str, name: str) -> Path:
              "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", *TOOLS_ON, *args],
             check=True, env=env,
         )  # fmt: skip
-    subprocess.run(["cmake", "--build", str(build), "-j", jobs, "--target", *TARGETS], check=True, env=env)
+    subprocess.run(["cmake", "--build", str(build), "-j", jobs, "--target", *(targets or [name])], check=True, env=env)
     found = sorted(build.rglob(name))
     binaries = [p for p in found if p.is_file() and os.access(p, os.X_OK)]
     if not binaries:
@@ -65,4 +68,4 @@ if __name__ == "__main__":
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--tool", default="llama-server", choices=TARGETS)
     args = ap.parse_args()
-    print(peer_binary(args.backend, args.tool))
+    print(peer_binary(args.backend, args.tool, TARGETS))

@@ -60,6 +60,7 @@ class Engine:
         return self.scheduler.busy
 
     def submit(self, req: Request) -> None:
+        self.spec.attach(req)
         self.scheduler.submit(req)
 
     def cancel(self, rid: str) -> bool:

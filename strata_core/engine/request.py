@@ -44,7 +44,7 @@ class Request:
     #: its slot's cache, computed under them, is dropped when it ends
     lora: tuple[float, ...] | None = None
     media: dict[int, MediaItem] = field(default_factory=dict)  # the prompt's media items, by placeholder
-    #: speculation's own state for it (speculation/state.py), made when it first drafts;
+    #: speculation's own state for it (speculation/state.py), given when it is submitted;
     #: opaque here: a request knows nothing of how its windows are decided
     spec: Any = None
     t_arrive: float = field(default_factory=time.perf_counter)

@@ -133,6 +133,11 @@ class Speculator:
         self._windowed = bool(drafts)
         return windows
 
+    def attach(self, req: Request) -> None:
+        """A new request gets its speculation state (``Request.spec``), whether or not it
+        will ever draft: its acceptance is read in traces and stats either way."""
+        req.spec = SpecState()
+
     def index(self, group: list[Slot]) -> None:
         """Index the group's last tokens for the next step's drafts (on a GPU, while the
         step computes). While drafting pauses nobody drafts next step, and where the host

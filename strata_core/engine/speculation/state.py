@@ -1,6 +1,6 @@
 """Speculation's per-request state: what it has learnt of one request's drafts. The request
-holds it (``Request.spec``) without knowing its shape; the ``Speculator`` makes it when it
-first drafts for the request and is its only writer."""
+holds it (``Request.spec``) without knowing its shape; the ``Speculator`` gives it one when
+it is submitted (``attach``) and is its only writer."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ class SpecState:
 
 
 def state(req: Request) -> SpecState:
-    """The request's speculation state, made at its first use."""
+    """The request's speculation state (made here for a request never submitted to an
+    engine, as a bench may hand one straight to the scheduler)."""
     if req.spec is None:
         req.spec = SpecState()
     st: SpecState = req.spec
