@@ -15,7 +15,9 @@ a variable for strata-b alone (``STRATA_ENGINE_DEVICE_SAMPLING=true``), so the r
 variable's effect against the same run's noise.
 
 Reports per server and concurrency: aggregate output tokens/s, TTFT and ITL (streamed
-chunks) p50 and p99, errors, and the ratio of Strata to each peer. Requests send
+chunks) p50 and p99, errors, and the ratio of Strata to each peer. With --ceiling it also
+runs llama-batched-bench from the same tree on the same model and slots (bench.ceiling)
+and prints each server's tokens/s as a fraction of the kernels' S_TG at B = c. Requests send
 ``ignore_eos`` (as vLLM's benchmark does), so every reply runs to --max-tokens on every
 server: two servers' greedy texts part where their numerics differ, and one that ends a
 reply early would otherwise hold fewer tokens in the same wave's time (--stop-at-eos lets
@@ -70,6 +72,9 @@ def main() -> None:
                     help="let replies end at the model's end-of-generation token; by default requests send "
                          "ignore_eos, so every server generates --max-tokens for each and a reply that two "
                          "servers' numerics end at different lengths does not count as speed")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="also run llama-batched-bench (bench.ceiling) and print tokens/s as fractions of its S_TG")
+    ap.add_argument("--ceiling-npp", type=int, default=32, help="the ceiling's prompt tokens (about the load's prompts)")
     ap.add_argument("--logs", type=Path, help="a folder for the servers' logs (default: a temporary one)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
@@ -133,8 +138,30 @@ def main() -> None:
             s, p = pooled["strata"][c], pooled[peer][c]
             print(f"strata / {peer} c={c}: tokens/s x{s.tok_s / p.tok_s:.3f}, "
                   f"TTFT x{s.pct('ttft', 0.5) / p.pct('ttft', 0.5):.3f}, ITL x{s.pct('itl', 0.5) / p.pct('itl', 0.5):.3f}")
+    if args.ceiling:
+        print_ceiling(flags, args, table)
     if args.json:
         Path(args.json).write_text(json.dumps(table, indent=2))
+
+
+def print_ceiling(flags: Flags, args: argparse.Namespace, table: dict[str, dict[int, dict[str, object]]]) -> None:
+    """The kernels' S_TG at B = each concurrency (a KV stream per slot, as both servers keep
+    it), and each server's tokens/s as a fraction of it, beside its TTFT p50 / p99."""
+    from bench.ceiling import ceiling
+
+    rows = ceiling(flags, list(args.concurrency), args.ceiling_npp, args.max_tokens, kvu=False, binary=None)
+    servers = list(table.items())
+    for c in args.concurrency:
+        s_tg = rows[c]["s_tg"]
+        print(f"ceiling c={c:<3} llama-batched-bench S_TG {s_tg:.1f} tok/s (B={c}, npp {args.ceiling_npp}, "
+              f"ntg {args.max_tokens})")  # fmt: skip
+        for name, by_c in servers:
+            r = by_c[c]
+            tok_s = float(r["tok_s"])  # type: ignore[arg-type]
+            r["of_s_tg"] = tok_s / s_tg
+            print(f"  {name:<17} {tok_s:9.1f} tok/s = {tok_s / s_tg:6.1%} of S_TG, "
+                  f"TTFT p50 {r['ttft_p50_ms']:.1f} ms p99 {r['ttft_p99_ms']:.1f} ms", flush=True)  # fmt: skip
+        table.setdefault("ceiling", {})[c] = {"s_tg": s_tg, "s_pp": rows[c]["s_pp"]}
 
 
 if __name__ == "__main__":

@@ -17,7 +17,10 @@ GIB = 1 << 30
 def test_slots_are_what_is_left_over_one_slots_kv() -> None:
     # an H100 after an 8B F16 (16 GiB), 128 KiB of KV a token, 4096 tokens a slot: 512 MiB a slot
     fit = fit_slots(free=78 * GIB, weights=16 * GIB, compute=GIB, kv_per_token=128 << 10, n_ctx=4096)
-    assert fit.slots == AUTO_MOST  # 118 would fit: capped
+    assert fit.slots == 120  # 60 GiB left after compute and margin, over 512 MiB a slot
+    # a 1B F16 (2.4 GiB), 32 KiB of KV a token, 2048 tokens a slot: 64 MiB a slot, 1,160 would fit
+    fit = fit_slots(free=78 * GIB, weights=2400 << 20, compute=GIB, kv_per_token=32 << 10, n_ctx=2048)
+    assert fit.slots == AUTO_MOST == 256  # capped
     fit = fit_slots(free=24 * GIB, weights=16 * GIB, compute=GIB, kv_per_token=128 << 10, n_ctx=4096)
     assert fit.slots == 12  # 6 GiB left after compute and the 1 GiB margin
     assert fit.n_ctx == 4096 and fit.need == 16 * GIB + GIB + MARGIN

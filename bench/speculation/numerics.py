@@ -105,7 +105,7 @@ def layout(a: argparse.Namespace) -> None:
     import numpy as np
 
     from strata_core.engine.llama import Batch
-    from strata_core.engine.speculation.cost import micro_batches
+    from strata_core.engine.ubatch import micro_batches
 
     b = Batch(512)
     rng = np.random.default_rng(0)

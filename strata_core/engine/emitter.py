@@ -1,8 +1,12 @@
-"""Emission: what a sampled token does to its request (events out, stops, grammar, limits).
+"""Emission: what a step's decodes and sampled tokens do to slots and requests (events
+out, stops, grammar, limits). After the scheduler placed a request, the emitter is the only
+writer of its slot's tokens and its state.
 
-The loop samples; ``Emitter.accept`` then checks the token against the request's stops,
-feeds the grammar, writes TOKEN (and LP) events, and ends the request at its limits.
-Ending a request (``finish``, ``fail``) frees its slot at once; its cache stays.
+The runner decodes; ``prefilled`` and ``decoded`` move what a decode computed into the
+slot's cache, and ``kept`` a window's confirmed tokens. The loop samples; ``accept`` then
+checks the token against the request's stops, feeds the grammar, writes TOKEN (and LP)
+events, and ends the request at its limits. Ending a request (``finish``, ``fail``) frees
+its slot at once; its cache stays.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import numpy as np
 
 from strata_core.contract import protocol as proto
 from strata_core.engine.llama import Llama
+from strata_core.engine.plan import Chunk
 from strata_core.engine.request import FIRST_ROWS, Request, Slot
 from strata_core.engine.sampler import processed_logprobs, top_logprobs
 
@@ -65,6 +70,25 @@ class Emitter:
             self.fail(slot, req.grammar.refusal())
             return False, None
         return True, mask
+
+    # ---- what a step's decodes did to the slots ----------------------------------------
+
+    def prefilled(self, slot: Slot, chunk: Chunk) -> None:
+        """The chunk is decoded into the slot's sequence: its tokens leave the pending
+        prompt for the cache (and its last token too, whose row gives the first token)."""
+        slot.cached.extend(chunk.tokens)
+        del slot.pending[: len(chunk.tokens)]
+        if chunk.last is not None:
+            slot.cached.append(chunk.last)
+
+    def decoded(self, slot: Slot) -> None:
+        """The slot's last token is decoded: its KV is in the cache."""
+        assert slot.last is not None
+        slot.cached.append(slot.last)
+
+    def kept(self, slot: Slot, token: int) -> None:
+        """A window's token is kept: its KV, computed by the window's decode, stays."""
+        slot.cached.append(token)
 
     def accept(self, slot: Slot, row: np.ndarray | None, tok: int, mask: np.ndarray | None) -> int | None:
         """Emit ``tok``, sampled from the logits ``row`` (under ``mask``; None: picked in the

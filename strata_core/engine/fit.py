@@ -19,7 +19,11 @@ from dataclasses import dataclass
 MIB = 1 << 20
 MARGIN = 1024 * MIB  # free memory left on the device (fit.cpp's --fit-target default)
 N_CTX_MIN = 4096  # the least context per slot before giving up slots (fit.cpp's default)
-AUTO_MOST = 64  # beyond this many slots the host's share of a step keeps growing
+#: The most slots "auto" gives a GPU: a step's host time grows by about 4 us a slot
+#: (bench.host_step: 0.2 ms at 64 slots, 1 ms at 256) while a GPU's decode of 256 rows
+#: costs little more than one of 64, so throughput keeps growing to here; llama.cpp's own
+#: limit on sequences (LLAMA_MAX_SEQ) is 256 as well.
+AUTO_MOST = 256
 CPU_PARALLEL = 4  # a CPU's slots: its step cost grows with every row
 #: Each KV cache type's block: (bytes, elements) (ggml's type traits; config.CACHE_TYPES).
 KV_BLOCKS = {"f16": (2, 1), "bf16": (2, 1), "q8_0": (34, 32), "q5_1": (24, 32), "q5_0": (22, 32),

@@ -1,11 +1,13 @@
 """The engine loop: each step is schedule -> run -> sample -> emit.
 
-The scheduler (scheduler.py) decides what runs: admission, prefill chunks, which slots
-decode together. Speculation (speculation/) proposes windows for the decoding slots. The
-runner (runner.py) builds the llama.cpp batches, decodes them and hands back the logits
-rows as a matrix. One sampler call (batch_sampler.py) picks a token for every row of the
-decode, then the emitter (emitter.py) applies them in order: a window's rows are judged by
-speculation through the sampled tokens, so it reads the same with speculation off.
+The scheduler (scheduler.py) decides everything a step runs and hands it over as one
+``Plan`` (plan.py): placements, prefill chunks, isolated chunks, the decodes, the first
+tokens kept from earlier rows, and the windows speculation proposed into it. The runner
+(runner.py) decodes the plan's batches and hands back their logits rows (or the tokens
+the device picked). One sampler call (batch_sampler.py) picks a token for every row a
+decode gives; the emitter (emitter.py) then moves what was decoded into the slots and
+applies the tokens in order, speculation judging each window's rows through the sampled
+tokens, so it reads the same with speculation off.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from strata_core.contract import protocol as proto
 from strata_core.engine.batch_sampler import PLAIN, Row, Sampled, sample_rows
 from strata_core.engine.emitter import Emit, Emitter
 from strata_core.engine.llama import Llama
+from strata_core.engine.plan import Chunk, Plan
 from strata_core.engine.request import Request, Slot
 from strata_core.engine.runner import Rows, Runner
 from strata_core.engine.scheduler import Scheduler
@@ -57,6 +60,7 @@ class Engine:
         return self.scheduler.busy
 
     def submit(self, req: Request) -> None:
+        self.spec.attach(req)
         self.scheduler.submit(req)
 
     def cancel(self, rid: str) -> bool:
@@ -77,8 +81,9 @@ class Engine:
     # ---- one step -------------------------------------------------------------------
 
     def step(self) -> None:
-        """One step: prompt chunks in one ``llama_decode``, then one token (or one
-        speculative window) per decoding slot in a second.
+        """One step: the plan, then its prompt chunks in one ``llama_decode`` (isolated
+        ones each in their own), then one token (or one speculative window) per decoding
+        slot in a second.
 
         Decode rows never share a batch with prompt chunks, so a generated token's row is
         computed the same way whatever else is prefilling. A prompt's first token is
@@ -88,47 +93,49 @@ class Engine:
         """
         t_step = time.perf_counter()
         self._timed(t_step)
-        sched = self.scheduler
-        sched.admit()
-        sched.media()
-        decoding = sched.decoding()
-        windows = self.spec.propose(decoding, sched.waiting_first())
-        record: dict[str, Any] = {"t": t_step, "n": len(decoding), "allowed": windows.allowed, "emitted": 0}
+        plan = self.scheduler.schedule(self.spec.propose, self.runner.capacity)
+        self._record(t_step, plan)
+        self._kept_firsts(plan.cached_whole)
+        self._prefill(plan.prefill, plan.firsts)
+        for chunk in plan.isolated:
+            self._prefill([chunk], [], self._lora(self.slots[chunk.seq]))
+        self._t_step = t_step
+        for group in plan.groups:
+            self._decode(group, plan.windows)
+        if not self.busy:  # nothing runs next: the step ends here, not at the next one
+            self._timed(time.perf_counter())
+
+    def _record(self, t_step: float, plan: Plan) -> None:
+        """Open the step's trace record."""
+        windows = plan.windows
+        record: dict[str, Any] = {"t": t_step, "n": len(plan.decoding), "allowed": windows.allowed, "emitted": 0}
         if windows.guarded:
             record["guarded"] = True
         self._step = record
         self._emitted0 = self.emitter.emitted
-        for slot in sched.cached_whole():
+
+    def _kept_firsts(self, slots: list[Slot]) -> None:
+        """First tokens from the rows kept when the same prompt gave one before."""
+        for slot in slots:
             kept = slot.first[len(slot.cached)]
             if isinstance(kept, np.ndarray):
                 self.sample_one(slot, kept)
             else:  # the token a decode picked, under the request's own bias
                 self.emitter.accept(slot, None, kept[1], None)
-        budget = self.runner.capacity - sum(windows.rows(s) for s in decoding)
-        chunks, firsts = sched.prefill(budget, decoding)
-        self._prefill(chunks, firsts)
-        for chunk in sched.isolated(self.runner.capacity, decoding):
-            self._prefill([chunk], [], self._lora(self.slots[chunk.seq]))
-        self._t_step = t_step
-        for group in sched.groups(decoding):
-            self._decode_rows(group, windows)
-        if not self.busy:  # nothing runs next: the step ends here, not at the next one
-            self._timed(time.perf_counter())
 
-    def _prefill(self, chunks: list[Any], firsts: list[Slot], lora: tuple[float, ...] | None = None) -> None:
-        """Decode prompt chunks (under the LoRA scales ``lora``, None: the configured ones)
-        and sample the first tokens their last rows give."""
+    def _prefill(self, chunks: list[Chunk], firsts: list[Slot], lora: tuple[float, ...] | None = None) -> None:
+        """Decode prompt chunks (under the LoRA scales ``lora``, None: the configured ones),
+        move them into their slots and sample the first tokens their last rows give."""
         if not chunks:
             return
         self.llama.use_lora(lora)
         logits, rows, secs = self.runner.prefill(chunks)
+        for chunk in chunks:
+            self.emitter.prefilled(self.slots[chunk.seq], chunk)
         self.scheduler.learn_prefill(rows, secs)
         if (record := self._step) is not None and rows:
             record["prefill_rows"] = record.get("prefill_rows", 0) + rows
             record["prefill_ms"] = record.get("prefill_ms", 0.0) + secs * 1e3
-        for slot in firsts:
-            assert slot.last is not None
-            slot.cached.append(slot.last)
         if firsts:
             self._sample_emit(firsts, logits)
 
@@ -194,7 +201,7 @@ class Engine:
             record["step_ms"] = secs * 1e3
             self.trace(record)
 
-    def _decode_rows(self, group: list[Slot], windows: Windows) -> None:
+    def _decode(self, group: list[Slot], windows: Windows) -> None:
         """One ``llama_decode`` of the group's last tokens (with their windows), then
         sample them: logits only live until the next decode."""
         t0 = time.perf_counter()
@@ -231,27 +238,27 @@ class Engine:
         order, speculation judging each window. A window under a grammar (whose mask at a
         row follows the tokens kept before it) or from the draft model samples row by row."""
         rows: list[Row | None] = [None] * len(logits)
-        plan: list[tuple[Slot, Proposal | None, np.ndarray | None, bool]] = []  # slot, window, mask, sampled now
+        todo: list[tuple[Slot, Proposal | None, np.ndarray | None, bool]] = []  # slot, window, mask, sampled now
         picked: list[int] = []  # rows whose token the decode picked
         for slot in group:
             req = slot.req
             assert req is not None and slot.last is not None
-            slot.cached.append(slot.last)
+            self.emitter.decoded(slot)
             prop = drafts.get(slot.seq)
             if slot.device:
-                plan.append((slot, prop, None, True))
+                todo.append((slot, prop, None, True))
                 at = first[slot.seq]
                 picked += range(at, at + 1 + (len(prop.offered) if prop is not None else 0))
                 continue
             if prop is not None and (prop.q_rows is not None or req.grammar is not None):
-                plan.append((slot, prop, None, False))
+                todo.append((slot, prop, None, False))
                 continue
             mask = None
             if req.grammar is not None:
                 ok, mask = self.emitter.mask(slot)
                 if not ok:
                     continue
-            plan.append((slot, prop, mask, True))
+            todo.append((slot, prop, mask, True))
             at = first[slot.seq]
             rows[at] = self._row(slot, mask)
             for j in range(1, len(prop.tokens) + 1 if prop is not None else 1):
@@ -260,22 +267,23 @@ class Engine:
         out = sample_rows(logits, rows) if len(picked) < len(rows) else Sampled(np.full(len(rows), -1), {})
         self._picked(out, picked, len(logits))
         tokens, accept = out.tokens.tolist(), self.emitter.accept
-        for slot, prop, mask, sampled in plan:
+        for slot, prop, mask, sampled in todo:
             at = first[slot.seq]
             if prop is None and slot.device:  # the decode's pick (it is never refused)
                 accept(slot, None, tokens[at], None)
             elif prop is None:  # no window: the row's token, as judging it would emit
                 self.emit_row(slot, logits[at], out, at, mask)
-            elif sampled:
-                self.spec.judge(slot, prop, Presampled(self, slot, logits, at, out, mask))
             else:
-                self.spec.judge(slot, prop, Stepwise(self, slot, logits, at))
+                self.spec.judge(slot, prop, SlotRows(self, slot, logits, at, out if sampled else None, mask))
 
 
-class Presampled:
-    """A window's rows sampled already (in the step's one sampler call)."""
+class SlotRows:
+    """A slot's rows of a decode as speculation judges them (``policy.WindowRows``): their
+    tokens taken from the step's one sampler call (``out``), or, where a row's mask
+    follows the tokens kept before it (a grammar) or the draft model's verifier chooses
+    (``out`` None), each sampled as it is taken."""
 
-    def __init__(self, engine: Engine, slot: Slot, logits: np.ndarray, at: int, out: Sampled,
+    def __init__(self, engine: Engine, slot: Slot, logits: np.ndarray, at: int, out: Sampled | None,
                  mask: np.ndarray | None) -> None:  # fmt: skip
         self.engine, self.slot, self._logits, self.at, self.out, self.mask = engine, slot, logits, at, out, mask
 
@@ -283,20 +291,11 @@ class Presampled:
         return self._logits[self.at + j]
 
     def take(self, j: int, chosen: int | None = None) -> int | None:
+        if self.out is None:
+            return self.engine.sample_one(self.slot, self._logits[self.at + j], chosen)
         assert chosen is None
         row = None if self.slot.device else self._logits[self.at + j]
         return self.engine.emit_row(self.slot, row, self.out, self.at + j, self.mask if j == 0 else None)
 
-
-class Stepwise:
-    """A window's rows sampled one at a time, each under the grammar's mask of the tokens
-    kept before it (or taking the draft model's verifier's choice)."""
-
-    def __init__(self, engine: Engine, slot: Slot, logits: np.ndarray, at: int) -> None:
-        self.engine, self.slot, self._logits, self.at = engine, slot, logits, at
-
-    def logits(self, j: int) -> np.ndarray:
-        return self._logits[self.at + j]
-
-    def take(self, j: int, chosen: int | None = None) -> int | None:
-        return self.engine.sample_one(self.slot, self._logits[self.at + j], chosen)
+    def keep(self, token: int) -> None:
+        self.engine.emitter.kept(self.slot, token)

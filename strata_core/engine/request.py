@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -12,8 +13,6 @@ from strata_core.engine.budget import ThinkBudget
 from strata_core.engine.grammar import GrammarMatcher
 from strata_core.engine.media_runs import MediaItem
 from strata_core.engine.sampler import SamplingParams
-from strata_core.engine.speculation.cost import Acceptance, Shadow
-from strata_core.engine.speculation.ngram import NgramIndex
 
 #: A logit bias as sorted (id, value) pairs: what an argmax picked in the decode is taken
 #: under (``Request.device_key``, ``Llama.greedy_on_device``).
@@ -45,11 +44,9 @@ class Request:
     #: its slot's cache, computed under them, is dropped when it ends
     lora: tuple[float, ...] | None = None
     media: dict[int, MediaItem] = field(default_factory=dict)  # the prompt's media items, by placeholder
-    drafted: int = 0
-    accepted: int = 0
-    acceptance: Acceptance = field(default_factory=Acceptance)  # of n-gram drafts, real or shadow
-    shadow: Shadow | None = None  # an n-gram draft recorded instead of decoded
-    ngrams: NgramIndex | None = None  # n-gram speculation: the prompt and emitted tokens
+    #: speculation's own state for it (speculation/state.py), given when it is submitted;
+    #: opaque here: a request knows nothing of how its windows are decided
+    spec: Any = None
     t_arrive: float = field(default_factory=time.perf_counter)
     t_first: float = 0.0
     t_admit: float = 0.0  # when it took a slot (its queue time ends)
@@ -66,6 +63,28 @@ class Request:
         needs_rows = self.grammar is not None or self.logprobs is not None or self.spec_draft
         self.device_key = tuple(sorted(p.bias.items())) if p.biased_argmax and not needs_rows else None
 
+    # What speculation's state says of the request, for its stats and traces (nothing
+    # before it drafted).
+    @property
+    def drafted(self) -> int:
+        return self.spec.drafted if self.spec is not None else 0
+
+    @property
+    def accepted(self) -> int:
+        return self.spec.accepted if self.spec is not None else 0
+
+    @property
+    def acceptance(self) -> Any:
+        return self.spec.acceptance if self.spec is not None else None
+
+    @property
+    def shadow(self) -> Any:
+        return self.spec.shadow if self.spec is not None else None
+
+    @property
+    def ngrams(self) -> Any:
+        return self.spec.ngrams if self.spec is not None else None
+
 
 @dataclass
 class Slot:
@@ -75,8 +94,6 @@ class Slot:
     pending: list[int] = field(default_factory=list)  # prompt tokens still to decode
     last: int | None = None  # sampled, not yet decoded
     reused: bool = False  # its request started from a cached prefix worth keeping, and no copy was made since
-    spec_wait: int = 0  # draft model: decode steps left before this slot drafts again
-    spec_misses: int = 0  # draft model: windows in a row that accepted nothing
     #: by prompt length, the logits row that gave a request on this cache its first token,
     #: while the cache holds that prompt: the same prompt again samples its first token
     #: from it, computing nothing and exactly as the first time. Where the decode picked

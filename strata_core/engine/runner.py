@@ -12,18 +12,9 @@ from typing import NamedTuple
 import numpy as np
 
 from strata_core.engine.llama import Batch, Llama
+from strata_core.engine.plan import Chunk
 from strata_core.engine.request import Slot
-from strata_core.engine.speculation.cost import micro_batches
-
-
-class Chunk(NamedTuple):
-    """Prompt tokens of one sequence; ``last``: the prompt's last token, decoded after
-    them with logits (its row gives the first token), or None."""
-
-    seq: int
-    tokens: list[int]
-    pos0: int
-    last: int | None = None
+from strata_core.engine.ubatch import micro_batches
 
 
 class Rows(NamedTuple):

@@ -14,27 +14,28 @@ from __future__ import annotations
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable
 
 from strata_core.contract import protocol as proto
+from strata_core.engine.averages import moving_average
 from strata_core.engine.emitter import Emitter
 from strata_core.engine.llama import Llama
 from strata_core.engine.media_runs import decode_media_ahead, media_boundary, text_ahead
+from strata_core.engine.plan import Chunk, Plan
+from strata_core.engine.prefill import CPU_PREFILL_ROWS, prefill_budget, prefill_order
 from strata_core.engine.prompt_cache import SavedPrompts, common_prefix
 from strata_core.engine.request import Request, Slot
-from strata_core.engine.runner import Chunk
-from strata_core.engine.speculation.cost import moving_average
+from strata_core.engine.speculation.policy import Windows
 
-#: less than computing them again); a slot's cache is saved before it loses as many.
+#: A cached prefix is copied from another slot (or host memory) only when it holds at least
+#: this many more tokens (fewer cost no less than computing them again); a slot's cache is
+#: saved before it loses as many.
 COPY_MIN_GAIN = 16
 
 
-#: On a CPU a prompt row costs nearly the same however many rows share the step, so
-#: prompts prefilled together all wait for their sum. There a step takes the shortest
-#: pending prompts first and stops once it holds a whole prompt and at least this many
-#: rows: each prompt's first token comes after its own prefill and those before it, and
-#: only the last one's later than beside the others, by the decode steps between
-#: (bench/results/2026-12-06-cpu-serving-shortest-first.md).
-CPU_PREFILL_ROWS = 16
+#: speculation's proposer: this step's windows for the decoding slots (``Speculator.propose``)
+Propose = Callable[[list[Slot], bool], Windows]
+
 
 class Scheduler:
     def __init__(self, llama: Llama, emitter: Emitter, saved_bytes: int = 0) -> None:
@@ -71,19 +72,38 @@ class Scheduler:
 
     # ---- what a step runs -----------------------------------------------------------
 
-    def decoding(self) -> list[Slot]:
-        """The slots whose prompt is in: each decodes its last token this step."""
-        return [s for s in self.slots if s.decoding]
+    def schedule(self, propose: Propose, capacity: int) -> Plan:
+        """The plan of one step: waiting requests placed in free slots (and their media
+        encoded into them), the windows ``propose`` opens for the decoding slots, the
+        prompt chunks within ``capacity`` rows a batch and the step's budget, and the
+        decodes. Nothing of it is decoded yet, and no slot holds the chunks until the
+        emitter moves them in (``Emitter.prefilled``)."""
+        self.admit()
+        self.media()
+        decoding = [s for s in self.slots if s.decoding]
+        plan = Plan(decoding=decoding, windows=propose(decoding, self._waiting_first()))
+        plan.cached_whole = [s for s in self.slots if s.req is not None and s.last is None and not s.pending]
+        plan.budget = prefill_budget(capacity, sum(plan.windows.rows(s) for s in decoding), self.llama.on_gpu)
+        plan.prefill, plan.firsts = self._prefill(plan.budget, plan.joined)
+        plan.isolated = [self._chunk(s, capacity, plan.joined, with_last=False)
+                         for s in self.slots if s.req is not None and s.req.isolate and s.pending]  # fmt: skip
+        # the decoding slots together, and each that must replay exactly alone
+        decoding = decoding + plan.joined
+        shared = [s for s in decoding if s.req is not None and not s.req.isolate]
+        plan.groups = ([shared] if shared else []) + [[s] for s in decoding if s.req is not None and s.req.isolate]
+        return plan
 
-    def waiting_first(self) -> bool:
+    def _waiting_first(self) -> bool:
         """Whether a request in a slot still waits for its first token."""
         return any(s.req is not None and not s.req.generated for s in self.slots)
 
     def media(self) -> None:
         """The media items next in each slot's prompt, encoded and their embeddings decoded
         into its sequence, each in a ``llama_decode`` of its own (media_runs.py), before the
-        step's prefill: a prompt's text runs stop at them."""
+        step's prefill is planned: a prompt's text runs stop at them."""
         for slot in self.slots:
+            if slot.req is None or not slot.req.media or not slot.pending:
+                continue  # (most slots: asked every step)
             try:
                 while slot.req is not None and decode_media_ahead(self.llama, slot.seq, slot.cached, slot.pending, slot.req.media):
                     pass
@@ -91,63 +111,47 @@ class Scheduler:
                 traceback.print_exc()
                 self.emitter.fail(slot, f"the media item could not be encoded: {exc}")
 
-    def cached_whole(self) -> list[Slot]:
-        """Slots whose prompt was cached whole: their first token comes from the row kept."""
-        return [s for s in self.slots if s.req is not None and s.last is None and not s.pending]
-
-    def prefill(self, budget: int, decoding: list[Slot]) -> tuple[list[Chunk], list[Slot]]:
+    def _prefill(self, budget: int, joined: list[Slot]) -> tuple[list[Chunk], list[Slot]]:
         """The prompt chunks this step prefills within ``budget`` rows, and the slots whose
         first token their last chunk computes too (in chunk order). A prompt that is all in
-        without room for its last token joins ``decoding``: that token decodes next.
-        Requests that must replay exactly are left to ``isolated``."""
+        without room for its last token joins the step's decodes (``joined``).
+        Requests that must replay exactly are prefilled apart (``Plan.isolated``)."""
         prompts = [s for s in self.slots if s.req is not None and s.pending and not s.req.isolate]
-        cpu = not self.llama.on_gpu
-        if cpu:  # one prompt's rows cost what they would beside others: shortest first
-            prompts.sort(key=lambda s: len(s.pending))
         chunks: list[Chunk] = []
         firsts: list[Slot] = []
-        rows, whole = 0, False
-        for slot in prompts:
+        order = prefill_order([(len(s.pending), s.req.t_arrive if s.req else 0.0) for s in prompts], self.llama.on_gpu)
+        rows, whole, cpu = 0, False, not self.llama.on_gpu
+        for slot in (prompts[i] for i in order):
             if budget <= 0 or (cpu and whole and rows >= CPU_PREFILL_ROWS):
                 break
-            chunk = self._chunk(slot, budget, decoding, with_last=True)
+            chunk = self._chunk(slot, budget, joined, with_last=True)
             chunks.append(chunk)
             if chunk.last is not None:
                 firsts.append(slot)
             taken = len(chunk.tokens) + (chunk.last is not None)
-            budget, rows, whole = budget - taken, rows + taken, whole or not slot.pending
+            budget, rows, whole = budget - taken, rows + taken, whole or len(chunk.tokens) == len(slot.pending)
         return chunks, firsts
 
-    def isolated(self, capacity: int, decoding: list[Slot]) -> list[Chunk]:
-        """A request that must replay exactly is prefilled alone, in chunks its prompt alone
+    @staticmethod
+    def _chunk(slot: Slot, most: int, joined: list[Slot], with_last: bool) -> Chunk:
+        """Up to ``most`` of the slot's pending prompt tokens, from where its cache ends. A
+        slot whose prompt is then all in takes its last token too (``with_last``, where
+        there is room): its first token is sampled from this decode. Otherwise it joins the
+        step's decodes (``joined``). The slot is left as it is: the emitter moves the chunk in once decoded.
+
+        A request that must replay exactly is prefilled alone, in chunks its prompt alone
         decides: llama.cpp computes a token's KV by the rows of its sequence in the
         micro-batch (on the CPU, flash attention tiles 64 rows or more), so a chunk cut by
-        the budget beside other prompts would change its logits. One chunk each, each
-        decoded on its own."""
-        return [self._chunk(s, capacity, decoding, with_last=False)
-                for s in self.slots if s.req is not None and s.req.isolate and s.pending]  # fmt: skip
-
-    def groups(self, decoding: list[Slot]) -> list[list[Slot]]:
-        """The decodes of the step: the decoding slots together, and each that must replay
-        exactly alone."""
-        shared = [s for s in decoding if s.req is not None and not s.req.isolate]
-        groups = [shared] if shared else []
-        return groups + [[s] for s in decoding if s.req is not None and s.req.isolate]
-
-    def _chunk(self, slot: Slot, most: int, decoding: list[Slot], with_last: bool) -> Chunk:
-        """Up to ``most`` of the slot's pending prompt tokens. A slot whose prompt is then
-        all in takes its last token too (``with_last``, where there is room): its first
-        token is sampled from this decode. Otherwise it joins ``decoding``."""
+        the budget beside other prompts would change its logits; its chunks take the whole
+        batch (``most``: the capacity) and no last token."""
         chunk = slot.pending[: text_ahead(slot.pending, most)]
         pos0 = len(slot.cached)
-        slot.cached.extend(chunk)
-        del slot.pending[: len(chunk)]
-        if slot.pending:
+        if len(chunk) < len(slot.pending):
             return Chunk(slot.seq, chunk, pos0)
         if with_last and len(chunk) < most:
             assert slot.last is not None
             return Chunk(slot.seq, chunk, pos0, slot.last)
-        decoding.append(slot)
+        joined.append(slot)
         return Chunk(slot.seq, chunk, pos0)
 
     def learn_prefill(self, rows: int, secs: float) -> None:

@@ -185,7 +185,7 @@ class EngineConfig(_Section):
     model: str = "default"
     n_ctx: int = Field(default=4096, ge=64, le=1 << 20)
     #: Slots decoded together. "auto": on a GPU, as many as the device's free memory holds
-    #: at n_ctx each (engine/fit.py; at most 64); on a CPU, ``CPU_PARALLEL``.
+    #: at n_ctx each (engine/fit.py; at most 256); on a CPU, ``CPU_PARALLEL``.
     parallel: int | Literal["auto"] = Field(default="auto")
     n_batch: int = Field(default=512, ge=16, le=65536)
     threads: int | None = Field(default=None, ge=1, le=1024)

@@ -31,17 +31,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from strata_core.engine.averages import moving_average
+from strata_core.engine.ubatch import micro_batches  # noqa: F401  (the window arithmetic assumes its split)
+
 MARGIN = 1.03
 #: On a CPU a window's rows cost nearly what they compute, so at a few slots the best
 #: windows promise a few percent, and the two cores' step times wander by more than that
 #: (bench/results/2026-12-06-cpu-waves.md): there a window opens only where it promises this many times a
 #: plain step's rate.
 CPU_MARGIN = 1.10
-
-
-def moving_average(prev: float | None, value: float, decay: float = 0.8) -> float:
-    """An exponential moving average that starts at its first value."""
-    return value if prev is None else decay * prev + (1 - decay) * value
 
 
 def expected_kept(alpha: Any, k: int) -> Any:
@@ -134,28 +132,6 @@ def isotonic(values: Sequence[float], weights: Sequence[float]) -> list[float]:
             block = ((m0 * w0 + m1 * w1) / (w0 + w1), w0 + w1, n0 + n1)
         blocks.append(block)
     return [mean for mean, _, n in blocks for _ in range(n)]
-
-
-def micro_batches(rows: Sequence[tuple[int, int]]) -> int:
-    """How many micro-batches llama.cpp computes for a batch holding ``rows`` (sequence id,
-    row count) in ascending sequence order, when each sequence has a KV stream of its own:
-    a micro-batch takes a run of consecutive sequence ids from the first with rows left,
-    and as many rows from each as the one with fewest left has (llama_batch_allocr::
-    split_equal, sequential)."""
-    left = [[seq, n] for seq, n in rows if n > 0]
-    count = 0
-    while left:
-        run = [left[0]]
-        for item in left[1:]:
-            if item[0] != run[-1][0] + 1:
-                break
-            run.append(item)
-        take = min(n for _, n in run)
-        for item in run:
-            item[1] -= take
-        left = [item for item in left if item[1] > 0]
-        count += 1
-    return count
 
 
 class StepCost:

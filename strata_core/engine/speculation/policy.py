@@ -32,6 +32,7 @@ from strata_core.engine.speculation.cost import (
 )
 from strata_core.engine.speculation.drafter import DraftJob, DraftModel
 from strata_core.engine.speculation.ngram import NgramIndex
+from strata_core.engine.speculation.state import SpecState, state
 from strata_core.engine.speculation.verify import Proposal, verify_proposal
 
 #: The draft model drafts only while at most this many slots decode: beyond it the batch
@@ -63,6 +64,11 @@ class WindowRows(Protocol):
     def take(self, j: int, chosen: int | None = None) -> int | None:
         """Sample row j as an ordinary step would (or take ``chosen``, drawn from it) and
         emit the token; None when it ended the request."""
+        ...
+
+    def keep(self, token: int) -> None:
+        """A token taken from the window is kept: its KV, computed by the window's decode,
+        stays in the slot's cache."""
         ...
 
 
@@ -101,6 +107,9 @@ class Speculator:
         self._next_pause = 1  # the next pause: doubles up to NGRAM_MAX_PAUSE; 1 again where a window opens or could pay
         self._windowed = False  # whether the last step opened windows
         self._rows = 1  # slots decoding in the step under way
+        # by sequence (a slot's, kept across its requests): the draft model's back-off
+        self._wait = [0] * len(slots)  # decode steps left before the slot drafts again
+        self._misses = [0] * len(slots)  # windows in a row that accepted nothing
 
     # ---- what the loop calls -----------------------------------------------------------
 
@@ -124,14 +133,19 @@ class Speculator:
         self._windowed = bool(drafts)
         return windows
 
+    def attach(self, req: Request) -> None:
+        """A new request gets its speculation state (``Request.spec``), whether or not it
+        will ever draft: its acceptance is read in traces and stats either way."""
+        req.spec = SpecState()
+
     def index(self, group: list[Slot]) -> None:
         """Index the group's last tokens for the next step's drafts (on a GPU, while the
         step computes). While drafting pauses nobody drafts next step, and where the host
         sets a step's pace indexing would lengthen it: the first draft after the pause
         indexes what came meanwhile (NgramIndex.draft)."""
         for slot in group if not self.ngram_pause else ():
-            if slot.req is not None and slot.req.ngrams is not None:
-                slot.req.ngrams.index()
+            if slot.req is not None and slot.req.spec is not None and slot.req.spec.ngrams is not None:
+                slot.req.spec.ngrams.index()
 
     def judge(self, slot: Slot, prop: Proposal, rows: WindowRows) -> None:
         """Sample the slot's window rows (its plain row when there is no window) and keep
@@ -143,10 +157,11 @@ class Speculator:
 
     def observe(self, req: Request, token: int) -> None:
         """A token the request emitted: the n-gram stream grows and a shadow is scored."""
-        if req.ngrams is not None:
-            req.ngrams.append(token)
-            if req.shadow is not None:
-                self._score_shadow(req)
+        st: SpecState | None = req.spec
+        if st is not None and st.ngrams is not None:
+            st.ngrams.append(token)
+            if st.shadow is not None:
+                self._score_shadow(req, st)
 
     def learn_step(self, rows: int, seconds: float, steady: bool) -> None:
         """A decode-and-sample step of ``rows`` rows took ``seconds``."""
@@ -177,8 +192,8 @@ class Speculator:
             # drafts past max_tokens cannot be kept; rows there may still pad a window
             k = min(room, req.max_tokens - req.generated - 1)
             if req.spec_draft and self.drafter is not None and req.grammar is None:
-                if slot.spec_wait:  # backing off after windows that kept nothing
-                    slot.spec_wait -= 1
+                if self._wait[slot.seq]:  # backing off after windows that kept nothing
+                    self._wait[slot.seq] -= 1
                 elif len(decoding) <= SPEC_MAX_SLOTS and k > 0:
                     jobs.append(DraftJob(slot.seq, [*slot.cached, slot.last], k, req.params))
                 continue
@@ -216,19 +231,20 @@ class Speculator:
         """Up to ``k`` tokens the n-gram index drafts for the slot (scoring its shadow draft)."""
         req = slot.req
         assert req is not None and slot.last is not None
-        if req.ngrams is None:  # the stream so far: the prompt, then emitted tokens
-            req.ngrams = NgramIndex([*slot.cached, slot.last])
-        tokens = req.ngrams.draft(k)
+        st = state(req)
+        if st.ngrams is None:  # the stream so far: the prompt, then emitted tokens
+            st.ngrams = NgramIndex([*slot.cached, slot.last])
+        tokens = st.ngrams.draft(k)
         if req.grammar is not None:  # a token the grammar forbids can never be kept
             tokens = tokens[: req.grammar.valid_prefix(tokens)]
         return tokens
 
-    def _score_shadow(self, req: Request) -> None:
+    def _score_shadow(self, req: Request, st: SpecState) -> None:
         """Score the request's shadow draft once its stream shows what it would have kept
         (as each token is emitted, paused or not). Where what it kept makes a window pay
         now, a pause of n-gram drafting ends: a copy resumed after a miss is drafted for
         at once, not after the rest of a pause of up to NGRAM_MAX_PAUSE steps."""
-        shadow, ngrams = req.shadow, req.ngrams
+        shadow, ngrams = st.shadow, st.ngrams
         assert shadow is not None and ngrams is not None
         stream = ngrams.tokens
         i = len(stream) - 1 - shadow.start  # the token just emitted is the shadow's i-th guess
@@ -236,8 +252,8 @@ class Speculator:
             return  # guessed right, more to come: the common case, in constant time
         if (kept := shadow.check(stream)) is None:
             return
-        req.acceptance.observe(len(shadow.tokens), kept)
-        req.shadow = None
+        st.acceptance.observe(len(shadow.tokens), kept)
+        st.shadow = None
         if kept and self.ngram_pause and self._window_pays(req):
             self.ngram_pause, self._next_pause = 0, 1
 
@@ -246,7 +262,7 @@ class Speculator:
         one running, at the request's acceptance (its drafts aside)."""
         n = self._rows
         k, margin = req.spec_k, MARGIN if self.shape_costs else CPU_MARGIN
-        return window_size(req.acceptance.alpha, k, self.cost.seconds, n, float(n), k, 0, self.cost.switch,
+        return window_size(state(req).acceptance.alpha, k, self.cost.seconds, n, float(n), k, 0, self.cost.switch,
                            self.calibration.ratio, margin) > 0  # fmt: skip
 
     def _open(self, slot: Slot, tokens: list[int], n: int, out: dict[int, Proposal]) -> float:
@@ -254,13 +270,15 @@ class Speculator:
         again) to the size; the drafts it promises to keep. With ``n`` 0 the drafts are
         recorded as a shadow instead, to learn what they would have kept."""
         req = slot.req
-        assert req is not None and req.ngrams is not None and slot.last is not None
+        assert req is not None and slot.last is not None
+        st = state(req)
+        assert st.ngrams is not None
         if not n:
-            if tokens and req.shadow is None:
-                req.shadow = Shadow(len(req.ngrams.tokens), tokens)
+            if tokens and st.shadow is None:
+                st.shadow = Shadow(len(st.ngrams.tokens), tokens)
             return 0.0
         filler = max(0, n - len(tokens))
-        promised = expected_kept(req.acceptance.alpha, min(n, len(tokens)))
+        promised = expected_kept(st.acceptance.alpha, min(n, len(tokens)))
         window = tokens[:n] + [(tokens or [slot.last])[-1]] * filler
         out[slot.seq] = Proposal(window, filler=filler, promised=promised)
         return promised
@@ -278,7 +296,7 @@ class Speculator:
             if self.adaptive and out and not self.cost.known:  # one window measures a row count
                 n = 0
             elif self.adaptive:  # rows cost what they compute, so a window must beat plain rows by CPU_MARGIN
-                n = window_size(req.acceptance.alpha, k, self.cost.seconds, rows, expect, len(tokens), 0,
+                n = window_size(state(req).acceptance.alpha, k, self.cost.seconds, rows, expect, len(tokens), 0,
                                 self.cost.switch, trust, CPU_MARGIN)  # fmt: skip
             else:
                 n = len(tokens)
@@ -297,7 +315,7 @@ class Speculator:
     def _uniform_size(self, offers: list[tuple[Slot, list[int], int]], rows: int, full: bool = False) -> int:
         """The one window size adaptive.uniform_window gives the offering slots for their
         drafts, or (``full``) as if each had drafted as many tokens as it has room for."""
-        alphas = [(slot.req.acceptance.alpha if slot.req else 0.0, room if full else len(tokens))
+        alphas = [(state(slot.req).acceptance.alpha if slot.req else 0.0, room if full else len(tokens))
                   for slot, tokens, room in offers]  # fmt: skip
         k = min(room for _, _, room in offers)
         return uniform_window(alphas, k, self.cost.seconds, rows, float(rows), self.window, self.cost.switch,
@@ -311,7 +329,7 @@ class Speculator:
             return self._uniform_size(offers, rows, full=True) > 0
         cost, trust = self.cost, self.calibration.ratio
         return any(
-            window_size(slot.req.acceptance.alpha if slot.req else 0.0, room, cost.seconds, rows, float(rows), room,
+            window_size(state(slot.req).acceptance.alpha if slot.req else 0.0, room, cost.seconds, rows, float(rows), room,
                         0, cost.switch, trust, CPU_MARGIN) > 0
             for slot, _, room in offers
         )  # fmt: skip
@@ -331,19 +349,20 @@ class Speculator:
         req, draft = slot.req, prop.tokens
         assert req is not None
         drafts = len(draft) - prop.filler  # filler rows only pad the window: no drafts
-        req.drafted += drafts  # counted before any row is sampled: a row may end the request
+        st = state(req)
+        st.drafted += drafts  # counted before any row is sampled: a row may end the request
         kept = 0
         for j in range(len(draft) + 1):
             tok = rows.take(j)
             if tok is None or j == len(draft) or tok != draft[j]:
                 break
-            slot.cached.append(tok)  # its KV is already in the cache
+            rows.keep(tok)  # its KV is already in the cache
             kept += 1
             if kept <= drafts:  # (a filler token that matched is emitted, not counted)
-                req.accepted += 1
+                st.accepted += 1
         if draft:
             self.calibration.add(min(kept, drafts), prop.promised)
-            self._after_window(slot, req, drafts, min(kept, drafts))
+            self._after_window(slot, st, drafts, min(kept, drafts))
 
     def _verify_gated(self, slot: Slot, prop: Proposal, rows: WindowRows) -> None:
         """Verify a draft-model window (the gated rule, verify.py) and emit what it keeps: its accepted
@@ -358,20 +377,21 @@ class Speculator:
             return probabilities(rows.logits(j), params, history)
 
         result = verify_proposal(p_row, prop, drafter.tau, params.seed, len(base))
-        req.drafted += len(offered)  # counted before any row is emitted: one may end the request
+        st = state(req)
+        st.drafted += len(offered)  # counted before any row is emitted: one may end the request
         kept = 0
         for tok in [*offered[: result.accepted], result.token]:
             if rows.take(kept, chosen=tok) is None or kept == result.accepted:
                 break
-            slot.cached.append(tok)  # its KV is already in the cache
+            rows.keep(tok)  # its KV is already in the cache
             kept += 1
-            req.accepted += 1
-        self._after_window(slot, req, len(offered), kept)
+            st.accepted += 1
+        self._after_window(slot, st, len(offered), kept)
 
-    def _after_window(self, slot: Slot, req: Request, drafted: int, kept: int) -> None:
+    def _after_window(self, slot: Slot, st: SpecState, drafted: int, kept: int) -> None:
         """Learn from a window, trim the cache to what was kept, and back off after misses."""
-        req.acceptance.observe(drafted, kept)
+        st.acceptance.observe(drafted, kept)
         self.llama.seq_trim(slot.seq, len(slot.cached))
-        slot.spec_misses = 0 if kept else slot.spec_misses + 1
-        slot.spec_wait = min(2**slot.spec_misses - 1, SPEC_MAX_WAIT) if not kept else 0
+        self._misses[slot.seq] = 0 if kept else self._misses[slot.seq] + 1
+        self._wait[slot.seq] = min(2**self._misses[slot.seq] - 1, SPEC_MAX_WAIT) if not kept else 0
 
