@@ -9,7 +9,7 @@ from typing import Any
 
 from strata_core.contract.events import TokenEvent, Usage
 from strata_core.text.detokenize import Detokenizer, StopMatcher
-from strata_core.text.generic_tools import tool_parser
+from strata_core.text.generic_tools import GenericParser, tool_parser
 from strata_core.text.logprobs import Aligner, Entry, Span
 from strata_core.text.reasoning import Piece, ThinkSplitter
 from strata_core.text.tool_formats import THINK, ToolFormat
@@ -18,7 +18,6 @@ from strata_core.text.tools import (
     CallDelta,
     Dialect,
     ToolCall,
-    ToolCallParser,
     new_call_id,
     split_events,
 )
@@ -67,7 +66,7 @@ class ChatShape:
     new_id: Callable[[], str] = new_call_id
     most_calls: int | None = None
 
-    def tool_parser(self) -> ToolCallParser | FormatParser | None:
+    def tool_parser(self) -> GenericParser | FormatParser | None:
         if self.format is not None:
             return reply_parser(self.format, self.tools, self.new_id)
         return None if self.dialect is None else tool_parser(self.dialect, self.new_id)

@@ -383,8 +383,7 @@ class GenericParser(ToolCallParser):
         return merged_events(out)
 
 
-def tool_parser(dialect: Dialect, new_id: Callable[[], str] = new_call_id) -> ToolCallParser:
-    """The reply parser of ``dialect``."""
-    if dialect is Dialect.GENERIC:
-        return GenericParser(new_id)
-    return ToolCallParser(dialect, new_id)
+def tool_parser(dialect: Dialect, new_id: Callable[[], str] = new_call_id) -> GenericParser:
+    """The reply parser of ``dialect`` (the generic format is the only one left)."""
+    assert dialect is Dialect.GENERIC, dialect
+    return GenericParser(new_id)
