@@ -57,6 +57,8 @@ class RequestStream:
     rid: str
     wants_lp: bool
     tokens: int = 0  # held in the engine's context: the prompt, and each token emitted since
+    prompt: int = 0  # the prompt's tokens (tokens - prompt: the tokens emitted so far)
+    started: float = field(default_factory=time.monotonic)
     queue: asyncio.Queue[TokenEvent | Finished] = field(default_factory=asyncio.Queue)
     held: int | None = None  # a T waiting for its LP
     error: str | None = None
@@ -117,6 +119,8 @@ class EngineClient:
         self.ready = asyncio.Event()
         self.proc: asyncio.subprocess.Process | None = None
         self.restarts = 0
+        #: tokens the engine emitted, counted as they arrive (a live count; /metrics counts at DONE)
+        self.emitted = 0
         self.done_reasons: collections.Counter[str] = collections.Counter()
         self._streams: dict[str, RequestStream] = {}
         self._replies: dict[str, asyncio.Future[Any]] = {}
@@ -249,6 +253,7 @@ class EngineClient:
             if st is None:
                 return
             st.tokens += 1
+            self.emitted += 1
             if st.held is not None:  # an LP never came for the previous T
                 st.queue.put_nowait(TokenEvent(st.held))
                 st.held = None
@@ -322,7 +327,7 @@ class EngineClient:
     def generate(self, prompt: Sequence[int], options: GenOptions, rid: str | None = None) -> RequestStream:
         """Start a request; a MediaPrompt's media items are named in its GEN (``media=``)."""
         rid = rid or self.new_rid()
-        st = RequestStream(rid, wants_lp=options.logprobs is not None, tokens=len(prompt))
+        st = RequestStream(rid, wants_lp=options.logprobs is not None, tokens=len(prompt), prompt=len(prompt))
         keys = options.encode()
         if isinstance(prompt, MediaPrompt) and prompt.spans:
             keys = {**keys, "media": proto.encode_spans(prompt.spans)}
@@ -369,6 +374,11 @@ class EngineClient:
     @property
     def in_flight(self) -> int:
         return len(self._streams)
+
+    def streams(self) -> list[RequestStream]:
+        """The requests in flight, oldest first: the first ``slots`` of them are in the
+        engine's slots (it admits in order), the rest wait."""
+        return list(self._streams.values())
 
     def kv_usage(self) -> float:
         """The fraction of the engine's context (n_ctx x slots) that requests in flight hold,
