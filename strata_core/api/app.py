@@ -18,6 +18,7 @@ from strata_core.api import completions, embeddings, messages, ollama, rerank, r
 from strata_core.api.openapi import COMMON_ERRORS, document
 from strata_core.api.pool import ModelPool
 from strata_core.api.service import engine_unavailable
+from strata_core.api.web import add_web_routes
 from strata_core.client.reader import EngineUnavailable
 from strata_core.schema.errors import ApiError, internal_error
 
@@ -71,6 +72,7 @@ def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None =
     app.state.responses = responses.ResponseStore(config.responses.store_size)
     for family in (completions, responses, messages, embeddings, rerank, tokenize, ollama):
         app.include_router(family.router)
+    add_web_routes(app, config.server.web_ui)
 
     app.openapi = lambda: document(app)  # type: ignore[method-assign]
 

@@ -68,6 +68,8 @@ class ServerConfig(_Section):
     fetch_media_max_bytes: int = Field(default=20 << 20, ge=1024)
     #: Seconds a media fetch may take, redirects included.
     fetch_media_timeout: float = Field(default=10.0, gt=0)
+    #: The web page at ``/`` (chat with the models, watch the engine work); false: ``/`` is a 404.
+    web_ui: bool = True
 
 
 #: The KV cache types llama.cpp takes (its ``--cache-type-k`` / ``-v`` names).
