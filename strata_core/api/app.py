@@ -70,9 +70,9 @@ def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None =
     app.state.pool = pool
     app.state.server_config = config.server
     app.state.responses = responses.ResponseStore(config.responses.store_size)
+    add_web_routes(app, config.server.web_ui)
     for family in (completions, responses, messages, embeddings, rerank, tokenize, ollama):
         app.include_router(family.router)
-    add_web_routes(app, config.server.web_ui)
 
     app.openapi = lambda: document(app)  # type: ignore[method-assign]
 

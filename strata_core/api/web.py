@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException
 
+from strata_core.api import ollama
 from strata_core.api.pool import Loaded, ModelPool
 from strata_core.api.service import Service
 
@@ -33,22 +34,30 @@ SAMPLE_EVERY = 2.0
 SAMPLES = 150
 
 router = APIRouter()
-page = APIRouter(include_in_schema=False)
+assets = APIRouter(include_in_schema=False)
 
 
 def add_web_routes(app: FastAPI, web_ui: bool) -> None:
-    """The status route always; the page at ``/`` only with ``[server] web_ui``."""
+    """The status route and ``/`` (before the API families: Ollama's clients look at ``/``
+    too), and the page's files with ``[server] web_ui``."""
+    app.state.web_ui = web_ui
     app.include_router(router)
     if web_ui:
-        app.include_router(page)
+        app.include_router(assets)
 
 
-@page.get("/")
-async def index() -> FileResponse:
+@router.get("/", include_in_schema=False)
+async def index(request: Request) -> Response:
+    """The page for a browser (with ``web_ui``; else 404); Ollama's answer for its clients,
+    which ask for no HTML."""
+    if "text/html" not in request.headers.get("accept", ""):
+        return PlainTextResponse(await ollama.root())
+    if not request.app.state.web_ui:
+        raise HTTPException(404, "Not Found")
     return page_file("index.html")
 
 
-@page.get("/web/{name}")
+@assets.get("/web/{name}")
 async def asset(name: str) -> FileResponse:
     return page_file(name)
 
@@ -138,8 +147,8 @@ async def status(request: Request) -> dict[str, Any]:
 def model_status(name: str, m: Loaded, history: list[dict[str, Any]]) -> dict[str, Any]:
     head = {"name": name, "backend": m.spec.backend.name, "inputs": m.spec.inputs}
     service = m.service
-    if service is None:
-        return {**head, "state": "not loaded"}
+    if service is None:  # loading holds the entry's lock until the engine is ready
+        return {**head, "state": "loading" if m.lock.locked() else "not loaded"}
     engine, metrics, config = service.engine, service.metrics, service.config
     if not engine.ready.is_set():
         return {**head, "state": "starting", "restarts": engine.restarts}

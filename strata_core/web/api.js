@@ -6,6 +6,7 @@ const KEY = 'strata.apiKey';
 export class ApiError extends Error {}
 
 let askKey = async () => null;
+let declined = false;  // asked once and refused: not asked again until the page is reloaded
 
 /** The page's way of asking for a key: resolves to the key, or null when the person declines. */
 export function whenKeyNeeded(ask) { askKey = ask; }
@@ -22,8 +23,11 @@ export async function call(path, init = {}) {
       return res;
     }
     why = await errorText(res);
-    const entered = await askKey(key ? `The key was refused: ${why}` : `This server asks for an API key: ${why}`);
-    if (!entered) throw new ApiError(why);
+    const entered = !declined && await askKey(key ? `The key was refused: ${why}` : `This server asks for an API key: ${why}`);
+    if (!entered) {
+      declined = true;
+      throw new ApiError(`${why} (reload the page to enter a key)`);
+    }
     localStorage.setItem(KEY, entered);
   }
 }

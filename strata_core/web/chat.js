@@ -143,7 +143,7 @@ function fill(node, m, index) {
     }
     const content = el('div', markdown(m.content || ''));
     content.className = 'content';
-    parts.push(content);
+    if (m.content || m.pending) parts.push(content);
     for (const tc of m.tool_calls || []) parts.push(toolCall(m, tc));
     if (m.error) parts.push(Object.assign(el('div', m.error), { className: 'error' }));
     parts.push(footer(m, index));
@@ -251,6 +251,7 @@ function requestBody(conv) {
   const s = conv.settings;
   const body = { model: conv.model, messages: history(conv.messages), stream: true, stream_options: { include_usage: true } };
   for (const k of NUMBERS) if (s[k] !== '' && s[k] != null) body[k] = Number(s[k]);
+  if (body.seed != null && JSON.rawJSON) body.seed = JSON.rawJSON(BigInt(s.seed).toString());  // 64-bit seeds, exactly
   if (s.think) body.chat_template_kwargs = { enable_thinking: true };
   if (s.extra?.trim()) {
     try { Object.assign(body, JSON.parse(s.extra)); } catch (e) { throw new ApiError(`extra request fields are not JSON: ${e.message}`); }
