@@ -96,7 +96,8 @@ function plot(title, values, format) {
   values.forEach((v, i) => {
     if (v == null) { gap = true; return; }
     const x = values.length > 1 ? (i / (values.length - 1)) * w : w;
-    d += `${gap ? 'M' : 'L'}${x.toFixed(1)},${(h - 2 - (v / top) * (h - 4)).toFixed(1)}`;
+    const y = (h - 2 - (v / top) * (h - 4)).toFixed(1);
+    d += gap ? `M${x.toFixed(1)},${y}l0.1,0` : `L${x.toFixed(1)},${y}`;  // a lone point shows as a dot
     gap = false;
   });
   const path = document.createElementNS(SVG, 'path');
