@@ -233,7 +233,7 @@ def test_an_image_goes_to_the_vision_model(page: Any) -> None:
 
 
 def test_stop_ends_a_generation_and_frees_its_slot(page: Any, web_server: Server) -> None:
-    new_chat(page, max_tokens=1500, temperature=1.0)
+    new_chat(page, max_tokens=1500, temperature=1.0, extra='{"ignore_eos": true}')  # runs until stopped
     say(page, "Count from one to a thousand in words.")
     page.wait_for_function("document.querySelector('.msg.assistant:last-child .content').textContent.length > 10")
     page.click("#stop")
@@ -297,7 +297,10 @@ def test_the_server_view_shows_slots_filling_under_load(page: Any, web_server: S
     assert page.locator(".model[data-model=chat] .slot.busy").count() == 2
     page.wait_for_function("document.querySelector('.model[data-model=chat] h3').textContent.includes('queue 1')")
     page.wait_for_function("document.querySelector('.model[data-model=chat] .plot path').getAttribute('d').length > 0")
-    shot(page, "web-ui-server.png")
+    if SHOTS:  # a picture with a few seconds of history in its plots
+        page.wait_for_function("""(document.querySelector('.model[data-model=chat] .plot path')
+                                  .getAttribute('d').match(/L/g) || []).length >= 2""")
+        shot(page, "web-ui-server.png")
     for t in threads:
         t.join()
     page.wait_for_function("document.querySelector('.model[data-model=chat] .slots-busy').textContent === '0 / 2'")
