@@ -98,7 +98,7 @@ def new_chat(page: Any, model: str = "chat", **settings: Any) -> None:
     page.click("#new-chat")
     page.select_option("#model", model)
     page.click("#settings summary")
-    for name, value in {"temperature": "", "top_p": "", "max_tokens": "", "seed": "", "extra": "", **settings}.items():
+    for name, value in {"temperature": "", "top_p": "", "max_tokens": "", "seed": "", "think": False, "extra": "", **settings}.items():
         if name == "think":
             page.set_checked("[name=think]", bool(value))
         else:
@@ -202,7 +202,7 @@ def test_reasoning_is_shown_apart_and_folded(page: Any) -> None:
 def test_tool_calls_are_shown_as_calls(page: Any) -> None:
     tool = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
-    new_chat(page, max_tokens=60, extra=json.dumps({"tools": [tool], "tool_choice": "required"}))
+    new_chat(page, max_tokens=60, extra=json.dumps({"tools": [tool], "tool_choice": "required", "parallel_tool_calls": False}))
     say(page, "What is the weather in Paris?")
     wait_done(page)
     call = last_reply(page).locator(".tool-call")
@@ -235,7 +235,9 @@ def test_an_image_goes_to_the_vision_model(page: Any) -> None:
 def test_stop_ends_a_generation_and_frees_its_slot(page: Any, web_server: Server) -> None:
     new_chat(page, max_tokens=1500, temperature=1.0, extra='{"ignore_eos": true}')  # runs until stopped
     say(page, "Count from one to a thousand in words.")
-    page.wait_for_function("document.querySelector('.msg.assistant:last-child .content').textContent.length > 10")
+    page.wait_for_function("""() => document.getElementById('stop').hidden
+                              || document.querySelector('.msg.assistant:last-child .content')?.textContent.length > 10""")
+    assert page.is_visible("#stop"), last_reply(page).inner_text()  # still running
     page.click("#stop")
     wait_done(page)
     assert "stopped" in last_reply(page).locator(".meta").inner_text()
@@ -284,9 +286,9 @@ def test_the_server_view_shows_slots_filling_under_load(page: Any, web_server: S
     busy.wait_for()
     page.wait_for_function("document.querySelector('.model[data-model=chat] .slots-busy').textContent === '0 / 2'")
 
-    def load() -> None:
+    def load() -> None:  # seconds of work each: the page's 1 s poll sees the slots busy
         body = {"model": "chat", "messages": [{"role": "user", "content": "Tell me a long story."}],
-                "max_tokens": 30, "temperature": 1.0, "ignore_eos": True}  # fmt: skip
+                "max_tokens": 120, "temperature": 1.0, "ignore_eos": True}  # fmt: skip
         httpx.post(f"{web_server.base}/v1/chat/completions", json=body, timeout=300,
                    headers={"authorization": f"Bearer {KEY}"})  # fmt: skip
 
