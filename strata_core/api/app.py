@@ -26,6 +26,7 @@ from strata_core.api.errors import install_error_handlers
 from strata_core.api.openapi import COMMON_ERRORS, document
 from strata_core.api.pool import ModelPool
 from strata_core.api.tracing import start_tracing, stop_tracing
+from strata_core.api.web import add_web_routes
 from strata_core.schema.errors import ApiError
 
 FAMILIES = (completions, responses, messages, embeddings, rerank, tokenize, ollama, status)
@@ -53,6 +54,7 @@ def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None =
     app.state.pool = pool
     app.state.server_config = server
     app.state.responses = responses.ResponseStore(config.responses.store_size)
+    add_web_routes(app, server.web_ui)  # before the families: it answers a browser's /
     for family in FAMILIES:
         app.include_router(family.router)
     app.openapi = lambda: document(app)  # type: ignore[method-assign]

@@ -58,6 +58,8 @@ class RequestStream:
     wants_lp: bool
     tokens: int = 0  # held in the engine's context: the prompt, and each token emitted since
     lora: Mapping[int, float] = field(default_factory=dict)  # its own adapter scales; empty: the configured ones
+    prompt: int = 0  # the prompt's tokens (tokens - prompt: the tokens emitted so far)
+    started: float = field(default_factory=time.monotonic)
     queue: asyncio.Queue[TokenEvent | Finished] = field(default_factory=asyncio.Queue)
     held: int | None = None  # a T waiting for its LP
     error: str | None = None
@@ -118,6 +120,8 @@ class EngineClient:
         self.ready = asyncio.Event()
         self.proc: asyncio.subprocess.Process | None = None
         self.restarts = 0
+        #: tokens the engine emitted, counted as they arrive (a live count; /metrics counts at DONE)
+        self.emitted = 0
         self.done_reasons: collections.Counter[str] = collections.Counter()
         self._streams: dict[str, RequestStream] = {}
         self._replies: dict[str, asyncio.Future[Any]] = {}
@@ -250,6 +254,7 @@ class EngineClient:
             if st is None:
                 return
             st.tokens += 1
+            self.emitted += 1
             if st.held is not None:  # an LP never came for the previous T
                 st.queue.put_nowait(TokenEvent(st.held))
                 st.held = None
@@ -323,7 +328,8 @@ class EngineClient:
     def generate(self, prompt: Sequence[int], options: GenOptions, rid: str | None = None) -> RequestStream:
         """Start a request; a MediaPrompt's media items are named in its GEN (``media=``)."""
         rid = rid or self.new_rid()
-        st = RequestStream(rid, wants_lp=options.logprobs is not None, tokens=len(prompt), lora=options.lora)
+        st = RequestStream(rid, wants_lp=options.logprobs is not None, tokens=len(prompt), prompt=len(prompt),
+                           lora=options.lora)
         keys = options.encode()
         if isinstance(prompt, MediaPrompt) and prompt.spans:
             keys = {**keys, "media": proto.encode_spans(prompt.spans)}

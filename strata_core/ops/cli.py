@@ -283,6 +283,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 f"(backend {spec.backend.name}, model file {spec.path}{kv})",
                 flush=True,
             )
+        if cfg.server.web_ui:
+            print(f"Strata web page: http://{host}:{port}/", flush=True)
 
     app = create_app(pool, on_ready=announce)
     # `kill -USR1` on the server prints every thread's stack to the console (the engine's

@@ -126,6 +126,8 @@ class ServerConfig(_Section):
         if not lines or not lines[0].strip():
             raise ConfigError(f"[server] api_key_file = {self.api_key_file!r} is empty: write the key on its first line")
         return lines[0].strip()
+    #: The web page at ``/`` (chat with the models, watch the engine work); false: ``/`` is a 404.
+    web_ui: bool = True
 
 
 #: The KV cache types llama.cpp takes (its ``--cache-type-k`` / ``-v`` names).
