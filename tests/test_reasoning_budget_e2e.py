@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from strata_core.api.responses_input import EFFORT_BUDGETS
+from strata_core.schema.requests import EFFORT_BUDGETS
 from strata_core.testing.harness import Server
 
 pytestmark = pytest.mark.slow

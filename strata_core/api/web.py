@@ -163,7 +163,7 @@ def model_status(name: str, m: Loaded, history: list[dict[str, Any]]) -> dict[st
     return {
         **head, "state": "ready", "restarts": engine.restarts, "n_ctx": service.n_ctx,
         "slots": rows, "busy": int(metrics.busy_slots()), "queue": int(metrics.queue_depth()),
-        "kv_cache": {"usage": round(metrics.kv_usage() if metrics.kv_usage else 0.0, 4),
+        "kv_cache": {"usage": round(metrics.kv_usage(), 4),
                      "type_k": kv.get("type_k"), "type_v": kv.get("type_v"), "bytes_per_slot": kv.get("bytes_per_slot")},
         "prompt_cache": {"prompt_tokens": prompt, "cached_tokens": cached,
                          "hit_rate": round(cached / prompt, 4) if prompt else None,
