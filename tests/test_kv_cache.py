@@ -29,7 +29,9 @@ MAX_DLOGPROB, TIE_MARGIN = 0.02, 0.05
 #: What a q8_0 cache is held to here. It is lossy: on this 135M model it misses the kit's
 #: bound, as llama-server's own q8_0 cache does (test_each_cache_type_equal_to_llama_servers);
 #: a broken cache would miss these by far (every prompt diverging, logprobs off by nats).
-LOSSY_DLOGPROB, MOST_DIVERGING = 0.3, 1
+#: How many of the 4 prompts part from f16 past a near-tie depends on the CPU's kernels
+#: (1 on one 2-core machine, 2 on another: margins 0.25 and 0.13), so half of them may.
+LOSSY_DLOGPROB, MOST_DIVERGING = 0.3, 2
 #: Strata against llama-server with the same cache types: the same kernels, so only how each
 #: turns logits into a logprob differs.
 EQUAL_DLOGPROB = 1e-3
