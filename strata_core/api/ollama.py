@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from strata_core.api import openapi
 from strata_core.api.blocks import Block, Closed, Grew, blocks_of, stream_blocks
@@ -496,6 +496,5 @@ async def finished_pull(task: asyncio.Future[hub.Pulled], pool: ModelPool) -> No
     pool.refresh()
 
 
-@router.get("/", response_class=PlainTextResponse, include_in_schema=False)
-async def root() -> str:
-    return "Ollama is running"  # what Ollama's clients look for at the root
+#: What Ollama's clients look for at the root (api/web.py's ``/`` answers it to them).
+ROOT_TEXT = "Ollama is running"

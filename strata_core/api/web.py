@@ -51,7 +51,7 @@ async def index(request: Request) -> Response:
     """The page for a browser (with ``web_ui``; else 404); Ollama's answer for its clients,
     which ask for no HTML."""
     if "text/html" not in request.headers.get("accept", ""):
-        return PlainTextResponse(await ollama.root())
+        return PlainTextResponse(ollama.ROOT_TEXT)
     if not request.app.state.web_ui:
         raise HTTPException(404, "Not Found")
     return page_file("index.html")
