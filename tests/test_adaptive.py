@@ -17,10 +17,10 @@ from strata_core.engine.speculation.cost import (
     WindowGuard,
     expected_kept,
     isotonic,
-    micro_batches,
     uniform_window,
     window_size,
 )
+from strata_core.engine.ubatch import micro_batches
 
 
 @pytest.mark.parametrize("alpha", [Fraction(0), Fraction(1, 3), Fraction(1, 2), Fraction(9, 10), Fraction(1)])

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata_core.engine.averages import moving_average
-from strata_core.engine.ubatch import micro_batches  # noqa: F401  (the window arithmetic assumes its split)
 
 MARGIN = 1.03
 #: On a CPU a window's rows cost nearly what they compute, so at a few slots the best
