@@ -21,6 +21,8 @@ from strata_core.contract.protocol import (
     Done,
     Embed,
     Embedding,
+    SlotCommand,
+    SlotInfo,
     Error,
     Event,
     Gen,
@@ -69,6 +71,9 @@ commands = st.one_of(
     st.builds(Tokenize, rids, st.text(), st.booleans()),
     st.builds(VocabRequest, rids),
     st.builds(Embed, rids, st.lists(ids, min_size=1, max_size=30).map(tuple)),
+    st.builds(SlotCommand, rids, st.just("list")),
+    st.builds(SlotCommand, rids, st.sampled_from(["save", "restore"]), ids, st.text()),
+    st.builds(SlotCommand, rids, st.just("erase"), ids),
     st.just(Quit()),
 )
 events = st.one_of(
@@ -80,6 +85,7 @@ events = st.one_of(
     st.builds(Vocab, rids, st.lists(st.binary(max_size=64), max_size=40).map(tuple)),
     st.builds(Embedding, rids, st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False),
                                         max_size=40).map(tuple)),
+    st.builds(SlotInfo, rids, json_values),
     st.builds(Error, st.none() | rids, messages),
     st.builds(Warn, st.none() | rids, messages),
 )
@@ -160,6 +166,7 @@ EVENT_FIXTURES: list[tuple[str, Event]] = [
     ("VOCAB v -", Vocab("v", ())),
     # 1.0, -0.5 as float32 little-endian: 00 00 80 3f | 00 00 00 bf
     ("EMBEDDING e AACAPwAAAL8=", Embedding("e", (1.0, -0.5))),
+    ('SLOTINFO s [{"id":0,"n_ctx":512}]', SlotInfo("s", [{"id": 0, "n_ctx": 512}])),
     ("ERR r1 prompt is empty", Error("r1", "prompt is empty")),
     ("ERR - engine  out of memory ", Error(None, "engine  out of memory ")),
     ("WARN r1 unknown key foo", Warn("r1", "unknown key foo")),
@@ -187,6 +194,9 @@ COMMAND_FIXTURES: list[tuple[str, Command]] = [
     ("TOKENIZE r 4pyTIMOp", Tokenize("r", "✓ é")),
     ("VOCAB r", VocabRequest("r")),
     ("EMBED e 1 22 333", Embed("e", (1, 22, 333))),
+    ("SLOT s list", SlotCommand("s", "list")),
+    ("SLOT s save 1 L3RtcC9hLmJpbg==", SlotCommand("s", "save", 1, "/tmp/a.bin")),
+    ("SLOT s erase 0", SlotCommand("s", "erase", 0)),
     ("QUIT", Quit()),
 ]
 
@@ -303,6 +313,9 @@ BAD_COMMANDS = [
     ("EMBED a", "expected 'EMBED <rid> <id> ...'"),
     ("EMBED a 1 x", "bad token id 'x'"),
     ("QUIT now", "expected 'QUIT'"),
+    ("SLOT s drop 1", "bad SLOT action 'drop'"),
+    ("SLOT s save 1", "expected 'SLOT <rid> save <slot> <b64 path>'"),
+    ("SLOT s erase x", "bad token id 'x'"),
 ]
 
 
@@ -362,7 +375,7 @@ BAD_TO_ENCODE: list[tuple[Event | Command, str]] = [
 def test_bad_value_to_encode(obj: Event | Command, why: str) -> None:
     encode = (
         encode_command
-        if isinstance(obj, (Gen, Cancel, Tokenize, VocabRequest, Embed, Quit))
+        if isinstance(obj, (Gen, Cancel, Tokenize, VocabRequest, Embed, SlotCommand, Quit))
         else encode_event
     )
     with pytest.raises(ProtocolError) as info:
@@ -394,6 +407,8 @@ VERBS = [
     "TOKENIZE",
     "EMBED",
     "EMBEDDING",
+    "SLOT",
+    "SLOTINFO",
     "QUIT",
     ":",
 ]
@@ -437,7 +452,7 @@ def test_parsers_raise_only_protocol_error(line: str) -> None:
 
 @given(events | commands, st.integers(0, 10_000), st.text(max_size=3), st.integers(0, 3))
 def test_mutated_lines_raise_only_protocol_error(obj: Any, pos: int, junk: str, cut: int) -> None:
-    is_event = not isinstance(obj, (Gen, Cancel, Tokenize, VocabRequest, Embed, Quit))
+    is_event = not isinstance(obj, (Gen, Cancel, Tokenize, VocabRequest, Embed, SlotCommand, Quit))
     line = _mutate(encode_event(obj) if is_event else encode_command(obj), pos, junk, cut)
     for parse in (parse_event, parse_command):
         try:

@@ -34,7 +34,11 @@ What the design leaves open is settled here:
   ``<key>:<pos>:<n>,...``, one per media item: the hex key of its bytes, its first position,
   how many it takes (or ``ERR <rid>`` when an item does not decode). ``GEN`` names the items
   in its prompt with ``media=<spans>``, as answered.
-* ``READY`` carries a JSON object, written compactly (``ensure_ascii``, so one ASCII line).
+* ``SLOT <rid> list``, ``SLOT <rid> save|restore <slot> <b64 of the file's path>``, ``SLOT
+  <rid> erase <slot>``: the slots' state, or one idle slot's cache written to a file (its
+  tokens and KV), read back from one, or dropped; answered ``SLOTINFO <rid> <json>`` (or
+  ``ERR <rid>``: a slot that does not exist or is busy, a file llama.cpp cannot read).
+* ``READY`` and ``SLOTINFO`` carry JSON, written compactly (``ensure_ascii``, so one ASCII line).
 * A GEN value that is free text (a grammar) travels as base64 of its UTF-8 bytes behind a
   ``<kind>:`` tag, so spaces, line breaks, ``=`` and non-ASCII round-trip:
   :func:`encode_grammar` / :func:`parse_grammar`. ``grammar`` is ``json_object`` or
@@ -117,11 +121,23 @@ class Embed:
 
 
 @dataclass(frozen=True, slots=True)
+class SlotCommand:
+    rid: str
+    action: str  # one of SLOT_ACTIONS
+    slot: int = -1  # -1 for list
+    path: str = ""  # save and restore: the file
+
+
+#: ``SLOT`` actions, and which take a slot and a path
+SLOT_ACTIONS = {"list": (False, False), "save": (True, True), "restore": (True, True), "erase": (True, False)}
+
+
+@dataclass(frozen=True, slots=True)
 class Quit:
     pass
 
 
-Command: TypeAlias = Gen | Cancel | Tokenize | MediaTokenize | VocabRequest | Embed | Quit
+Command: TypeAlias = Gen | Cancel | Tokenize | MediaTokenize | VocabRequest | Embed | SlotCommand | Quit
 
 # --- events, engine -> server ------------------------------------------------------------
 
@@ -184,6 +200,12 @@ class Embedding:
 
 
 @dataclass(frozen=True, slots=True)
+class SlotInfo:
+    rid: str
+    info: Any  # JSON: the slots (list) or what an action did (an object)
+
+
+@dataclass(frozen=True, slots=True)
 class Error:
     rid: str | None
     message: str
@@ -195,7 +217,9 @@ class Warn:
     message: str
 
 
-Event: TypeAlias = Ready | Token | Logprob | Done | Tokens | MediaTokens | Vocab | Embedding | Error | Warn
+Event: TypeAlias = (
+    Ready | Token | Logprob | Done | Tokens | MediaTokens | Vocab | Embedding | SlotInfo | Error | Warn
+)
 
 # --- fields: each checker returns the value or raises ProtocolError(what was wrong) -------
 
@@ -434,6 +458,8 @@ def _encode_event(ev: Event) -> str:
         return f"{verb} {rid} {_LINE_BREAK.sub(' ', ev.message)}"
     if isinstance(ev, Ready):
         return "READY " + json.dumps(dict(ev.info), separators=(",", ":"))
+    if isinstance(ev, SlotInfo):
+        return f"SLOTINFO {_rid(ev.rid)} " + json.dumps(ev.info, separators=(",", ":"))
     raise ProtocolError("not an event")
 
 
@@ -456,6 +482,11 @@ def _encode_command(cmd: Command) -> str:
         if not cmd.ids:
             raise ProtocolError("EMBED needs at least one token id")
         return f"EMBED {_rid(cmd.rid)} {_ids(cmd.ids)}"
+    if isinstance(cmd, SlotCommand):
+        takes_slot, takes_path = _slot_action(cmd.action)
+        slot = f" {_uint(str(cmd.slot))}" if takes_slot else ""
+        path = f" {_b64(cmd.path.encode('utf-8'))}" if takes_path else ""
+        return f"SLOT {_rid(cmd.rid)} {cmd.action}{slot}{path}"
     if isinstance(cmd, Quit):
         return "QUIT"
     raise ProtocolError("not a command")
@@ -542,6 +573,15 @@ def _parse_ready(line: str, parts: list[str]) -> Ready:
     return Ready(info)
 
 
+def _parse_slot_info(line: str, parts: list[str]) -> SlotInfo:
+    _fields(parts, 3, "SLOTINFO <rid> <json>", at_least=True)
+    rid = _rid(parts[1])
+    try:
+        return SlotInfo(rid, json.loads(_strip_eol(line).split(" ", 2)[2]))
+    except (ValueError, IndexError, RecursionError) as exc:
+        raise ProtocolError(f"bad SLOTINFO json ({exc})") from None
+
+
 _EVENT_PARSERS: dict[str, Callable[[str, list[str]], Event]] = {
     "DONE": _parse_done,
     "TOKENS": _parse_tokens,
@@ -551,6 +591,7 @@ _EVENT_PARSERS: dict[str, Callable[[str, list[str]], Event]] = {
     "ERR": _parse_message,
     "WARN": _parse_message,
     "READY": _parse_ready,
+    "SLOTINFO": _parse_slot_info,
 }
 
 
@@ -608,6 +649,24 @@ def _parse_media_tokenize(parts: list[str]) -> MediaTokenize:
     return MediaTokenize(_rid(parts[1]), tuple(out))
 
 
+def _slot_action(action: str) -> tuple[bool, bool]:
+    if action not in SLOT_ACTIONS:
+        raise ProtocolError(f"bad SLOT action {action[:20]!r} (expected one of {', '.join(SLOT_ACTIONS)})")
+    return SLOT_ACTIONS[action]
+
+
+def _parse_slot(parts: list[str]) -> SlotCommand:
+    _fields(parts, 3, "SLOT <rid> <action> [<slot> [<b64 path>]]", at_least=True)
+    takes_slot, takes_path = _slot_action(parts[2])
+    form = f"SLOT <rid> {parts[2]}" + " <slot>" * takes_slot + " <b64 path>" * takes_path
+    _fields(parts, 3 + takes_slot + takes_path, form)
+    try:
+        path = _unb64(parts[4]).decode("utf-8") if takes_path else ""
+    except UnicodeDecodeError:
+        raise ProtocolError("SLOT path is not UTF-8") from None
+    return SlotCommand(_rid(parts[1]), parts[2], _uint(parts[3]) if takes_slot else -1, path)
+
+
 def parse_command(line: str) -> Command:
     """Parse one line from the server; raise ProtocolError if it is malformed."""
     parts = line.split()
@@ -628,11 +687,13 @@ def parse_command(line: str) -> Command:
         if verb == "EMBED":
             _fields(parts, 3, "EMBED <rid> <id> ...", at_least=True)
             return Embed(_rid(parts[1]), _uints(parts[2:]))
+        if verb == "SLOT":
+            return _parse_slot(parts)
         if verb == "QUIT":
             _fields(parts, 1, "QUIT")
             return Quit()
         raise ProtocolError(
-            f"unknown command {verb[:20]!r} (expected GEN, CANCEL, TOKENIZE, MTOKENIZE, VOCAB, EMBED, QUIT)"
+            f"unknown command {verb[:20]!r} (expected GEN, CANCEL, TOKENIZE, MTOKENIZE, VOCAB, EMBED, SLOT, QUIT)"
         )
     except (ValueError, RecursionError) as exc:
         raise ProtocolError(f"{exc} in line {_clip(_strip_eol(line))!r}") from None
