@@ -288,7 +288,7 @@ class EngineClient:
                     self.start_error = ev.message
         elif isinstance(ev, proto.Warn):
             log.warning("engine: %s %s", ev.rid or "-", ev.message)
-        elif isinstance(ev, (proto.Tokens, proto.MediaTokens, proto.Vocab, proto.Embedding)):
+        elif isinstance(ev, (proto.Tokens, proto.MediaTokens, proto.Vocab, proto.Embedding, proto.SlotInfo)):
             fut = self._replies.pop(ev.rid, None)
             if fut is not None and not fut.done():
                 fut.set_result(ev)
@@ -344,7 +344,9 @@ class EngineClient:
             except EngineUnavailable:
                 pass
 
-    async def _ask(self, cmd: proto.Tokenize | proto.MediaTokenize | proto.VocabRequest | proto.Embed) -> Any:
+    async def _ask(
+        self, cmd: proto.Tokenize | proto.MediaTokenize | proto.VocabRequest | proto.Embed | proto.SlotCommand
+    ) -> Any:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._replies[cmd.rid] = fut
         try:
@@ -372,6 +374,12 @@ class EngineClient:
         """One input's pooled embedding, as the engine computed it (not normalised)."""
         ev = await self._ask(proto.Embed(self.new_rid("e"), tuple(ids)))
         return ev.vector  # type: ignore[no-any-return]
+
+    async def slot(self, action: str, slot: int = -1, path: str = "") -> Any:
+        """A slot action's answer (``SLOT``): the slots' state for ``list``, else what
+        ``save``, ``restore`` or ``erase`` did; EngineRefused says why not."""
+        ev = await self._ask(proto.SlotCommand(self.new_rid("s"), action, slot, path))
+        return ev.info
 
     @property
     def in_flight(self) -> int:

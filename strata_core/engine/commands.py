@@ -1,5 +1,5 @@
 """What each protocol command does to the engine (GEN starts a request, CANCEL ends one,
-EMBED, VOCAB, TOKENIZE answer at once); the process's loop (``__main__``) applies them
+EMBED, VOCAB, TOKENIZE answer at once, SLOT acts on a slot: slots.py); the process's loop (``__main__``) applies them
 between steps."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from strata_core.engine.grammar import Grammars
 from strata_core.engine.llama import Llama
 from strata_core.engine.loop import Engine
 from strata_core.engine.request import Request
+from strata_core.engine.slots import slot_action
 
 
 class Commands:
@@ -46,6 +47,8 @@ class Commands:
         elif isinstance(cmd, proto.VocabRequest):
             pieces = tuple(self.llama.piece(t) for t in range(self.llama.n_vocab))
             self.emit(proto.Vocab(cmd.rid, pieces))
+        elif isinstance(cmd, proto.SlotCommand):
+            self.emit(slot_action(cmd, self.engine.slots, self.llama, self.spec_k > 0))
         elif isinstance(cmd, proto.Quit):
             return False
         return True

@@ -329,6 +329,23 @@ class Llama:
         ll.llama_memory_seq_rm(self.mem, seq, -1, -1)
         return False
 
+    def seq_save_file(self, seq: int, path: str, tokens: list[int]) -> int:
+        """Write ``seq``'s cache and the ``tokens`` it holds to ``path`` (llama.cpp's
+        sequence file, as llama-server's slot save writes it); the bytes written, 0 if refused."""
+        arr = (ll.llama_token * max(1, len(tokens)))(*tokens)
+        return int(ll.llama_state_seq_save_file(self.ctx, path.encode(), seq, arr, len(tokens)))
+
+    def seq_load_file(self, seq: int, path: str, most: int) -> tuple[list[int], int]:
+        """Replace ``seq``'s cache with the one in ``path``: the tokens it holds (at most
+        ``most``) and the bytes read; ([], 0), with ``seq`` empty, if llama.cpp refused."""
+        arr = (ll.llama_token * max(1, most))()
+        n = ctypes.c_size_t(0)
+        read = int(ll.llama_state_seq_load_file(self.ctx, path.encode(), seq, arr, most, ctypes.byref(n)))
+        if not read:
+            ll.llama_memory_seq_rm(self.mem, seq, -1, -1)
+            return [], 0
+        return list(arr[: n.value]), read
+
     def seq_copy(self, src: int, dst: int) -> bool:
         """Replace the cache of ``dst`` with a copy of ``src``'s. Each sequence has a KV
         stream of its own, so the copy goes through host memory (llama_memory_seq_cp between
@@ -465,6 +482,8 @@ class Llama:
             "add_eos": bool(ll.llama_vocab_get_add_eos(v)),
             "chat_template": tmpl.decode("utf-8", "replace") if tmpl else None,
             "sep": tok(ll.llama_vocab_sep),
+            # fill-in-the-middle markers (None: the model has none): infill prompts
+            "fim": {k: tok(getattr(ll, f"llama_vocab_fim_{k}")) for k in ("pre", "suf", "mid", "rep", "sep")},
             "add_sep": bool(ll.llama_vocab_get_add_sep(v)),
             "rerank_template": rerank.decode("utf-8", "replace") if rerank else None,
             "system_info": ll.llama_print_system_info().decode("utf-8", "replace").strip(),
