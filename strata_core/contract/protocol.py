@@ -75,6 +75,8 @@ GRAMMAR_KINDS = ("llguidance", "json_schema", "lark", "regex")
 JSON_OBJECT = "json_object"
 #: How an ``ERR`` begins when llguidance refused the request's grammar; a short reason follows.
 GRAMMAR_REFUSED = "grammar refused:"
+#: How an ``ERR`` to ``SLOT`` begins when the slot runs a request (the server asks again later).
+SLOT_BUSY = "slot busy:"
 
 
 class ProtocolError(ValueError):

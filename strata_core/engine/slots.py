@@ -22,7 +22,7 @@ def slot_action(cmd: proto.SlotCommand, slots: list[Slot], llama: Llama, specula
         return proto.Error(cmd.rid, f"slot {cmd.slot} does not exist (this engine has slots 0..{len(slots) - 1})")
     slot = slots[cmd.slot]
     if slot.req is not None:
-        return proto.Error(cmd.rid, f"slot {cmd.slot} is processing a request; try again once it is idle")
+        return proto.Error(cmd.rid, f"{proto.SLOT_BUSY} slot {cmd.slot} is processing a request")
     t0 = time.perf_counter()
     if cmd.action == "save":
         written = llama.seq_save_file(slot.seq, cmd.path, slot.cached)

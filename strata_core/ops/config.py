@@ -94,6 +94,9 @@ class ServerConfig(_Section):
     #: Export a trace span per request over OTLP/HTTP to this collector
     #: (``http://collector:4318/v1/traces``; needs ``strata[otel]``); None: no tracing.
     otlp_traces_endpoint: str | None = None
+    #: The directory ``POST /slots/{id}?action=save|restore`` keep slots' caches in
+    #: (llama-server's --slot-save-path); None: slot actions are refused (501).
+    slot_save_path: str | None = None
 
     _lists = field_validator("media_domains", "media_networks", "cors_origins", mode="before")(comma_list)
 
