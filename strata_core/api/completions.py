@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from strata_core.api import bodies, openapi
+from strata_core.api.infill import fim_prompt
 from strata_core.api.service import (
     Names,
     Run,
@@ -23,6 +24,7 @@ from strata_core.api.service import (
 from strata_core.api.stream import collect, reconciled, sse_stream
 from strata_core.client.reader import EngineUnavailable
 from strata_core.contract.events import Usage
+from strata_core.schema.errors import ApiError
 from strata_core.schema.requests import BaseRequest, ChatRequest, CompletionRequest, parse_request
 from strata_core.text.detokenize import decode
 
@@ -53,8 +55,13 @@ async def completions(request: Request) -> Response:
     elif isinstance(p[0], str):
         texts = cast(list[str], p)
     many = isinstance(p, list) and isinstance(p[0], (str, list))
+    if req.suffix and texts is None:
+        raise ApiError(400, "suffix goes with a text prompt (the text before the insertion point), not token ids",
+                       param="suffix", code="invalid_value")  # fmt: skip
     with service.admission(req.n * (len(p) if many else 1)):
-        if texts is not None:
+        if texts is not None and req.suffix:
+            prompts = [await fim_prompt(service, s, req.suffix, "suffix") for s in texts]
+        elif texts is not None:
             prompts = [await service.tokenize(s) for s in texts]
         elif isinstance(p[0], list):
             prompts = [list(x) for x in cast(list[list[int]], p)]

@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from strata_core.api import openapi
 from strata_core.api.blocks import Block, Closed, Grew, blocks_of, stream_blocks
 from strata_core.api.embeddings import normalized, token_inputs, with_specials
+from strata_core.api.infill import fim_prompt
 from strata_core.api.messages_input import arguments_object
 from strata_core.api.ollama_input import (
     Generation,
@@ -280,7 +281,9 @@ async def generate(request: Request) -> Response:
     service, load_ns = await service_named(request, body.model)
     check_context(service, body.options)
     timing = Timing(load_ns)
-    if body.raw:
+    if body.suffix:
+        run = await fim_run(service, body)
+    elif body.raw:
         run = await raw_run(service, body.completion_request())
     else:
         run = await service.start_chat(body.chat_request(), Names("prompt", "options.num_predict", "format"))
@@ -291,6 +294,19 @@ async def raw_run(service: Service, req: BaseRequest) -> ChatRun:
     """``raw``: the prompt's text as it is, no chat template."""
     service.ready()
     prompt = await service.tokenize(str(getattr(req, "prompt", "")))
+    run = await service.start_run(req, [prompt], Names("prompt", "options.num_predict", "format"))
+    return ChatRun(run.choices[0], len(prompt), run.seed, run.constraint)
+
+
+async def fim_run(service: Service, body: OllamaGenerate) -> ChatRun:
+    """``suffix``: the prompt and the suffix around the model's FIM tokens (what Continue's
+    autocomplete sends), no chat template."""
+    if body.system:
+        raise ApiError(400, "system does not go with suffix: a fill-in-the-middle prompt has no chat turns",
+                       param="system", code="invalid_value")  # fmt: skip
+    service.ready()
+    prompt = await fim_prompt(service, body.prompt or "", body.suffix or "", "suffix")
+    req = body.completion_request()
     run = await service.start_run(req, [prompt], Names("prompt", "options.num_predict", "format"))
     return ChatRun(run.choices[0], len(prompt), run.seed, run.constraint)
 

@@ -181,8 +181,9 @@ class OllamaGenerate(Generation):
     prompt: str | None = None
     system: str | None = None
     raw: bool = False
+    suffix: str | None = None  # fill-in-the-middle: the text after the insertion point
 
-    unimplemented = ("suffix", "template", "context", "images", "logprobs", "top_logprobs")
+    unimplemented = ("template", "context", "images", "logprobs", "top_logprobs")
 
     def chat_request(self) -> ChatRequest:
         """The prompt as the user's turn (after ``system``), through the chat template."""

@@ -778,8 +778,10 @@ class CompletionRequest(BaseRequest):
     prompt: Prompt
     logprobs: int | None = None
     echo: bool | None = None
+    # fill-in-the-middle: the text after the insertion point (api/infill.py)
+    suffix: str | None = None
 
-    unimplemented = ("suffix", "best_of")
+    unimplemented = ("best_of",)
 
     @field_validator("logprobs", mode="plain", json_schema_input_type=int | bool | None)
     @classmethod

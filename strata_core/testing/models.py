@@ -77,8 +77,12 @@ def write_tokenizer(src: Path, dst: Path, extra_tokens: int = 0) -> None:
     writer.close()
 
 
-def write_random(tokenizer: Path, dst: Path, shape: Shape, seed: int = 0, n_ctx: int = 8192) -> None:
-    """A Llama of ``shape`` with random F16 weights and ``tokenizer``'s vocabulary."""
+def write_random(
+    tokenizer: Path, dst: Path, shape: Shape, seed: int = 0, n_ctx: int = 8192, fim: dict[str, int] | None = None
+) -> None:
+    """A Llama of ``shape`` with random F16 weights and ``tokenizer``'s vocabulary; ``fim``
+    names tokens of it as the fill-in-the-middle markers (``{"pre": id, "suf": .., "mid":
+    .., "rep": .., "sep": ..}``), as a code model's GGUF does."""
     reader = gguf.GGUFReader(tokenizer)
     n_vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     writer = gguf.GGUFWriter(dst, "llama")
@@ -95,6 +99,8 @@ def write_random(tokenizer: Path, dst: Path, shape: Shape, seed: int = 0, n_ctx:
     writer.add_vocab_size(n_vocab)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     _copy_fields(reader, writer, ["tokenizer."])
+    for role, token in (fim or {}).items():
+        writer.add_uint32(f"tokenizer.ggml.fim_{role}_token_id", token)
     rng = np.random.default_rng(seed)
     hd = shape.n_embd // shape.n_head
     e, kv, ff = shape.n_embd, shape.n_head_kv * hd, shape.n_ff
