@@ -242,7 +242,7 @@ COMPLETION_CASES = [
     compl("echo with logprobs", {"echo": True, "logprobs": 1}, "echo", "unsupported_value"),
     compl("logprobs above 20", {"logprobs": 21}, "logprobs"),
     compl("logprobs a string", {"logprobs": "x"}, "logprobs", "invalid_type"),
-    compl("suffix", {"suffix": "x"}, "suffix", UNSUPPORTED),
+    compl("suffix on a model without FIM tokens", {"suffix": "x"}, "suffix", "unsupported_value"),
     compl("stop string of 100,000 characters", {"stop": "x" * 100_000}, "stop"),
     compl("json_schema admitting no value", {"response_format": json_schema(SELF_REF)}, "response_format"),
     compl("best_of", {"best_of": 2}, "best_of", UNSUPPORTED),
