@@ -86,8 +86,8 @@ class InfillRequest(Strict):
 
 #: llama-server's sampling names that /v1/completions spells otherwise
 OPENAI_NAMES = {"n_predict": "max_tokens", "repeat_penalty": "repetition_penalty", "repeat_last_n": "penalty_last_n"}
-SAMPLING = ("n_predict", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "repeat_penalty", "repeat_last_n",
-            "presence_penalty", "frequency_penalty", "ignore_eos", "stream")  # fmt: skip
+#: the fields passed on to the completion: the sampling ones (typed Any above), and stream
+SAMPLING = ("stream", *(k for k, f in InfillRequest.model_fields.items() if f.annotation is Any))
 
 
 async def fim_prompt(
