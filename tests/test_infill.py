@@ -1,0 +1,47 @@
+"""The fill-in-the-middle layout (text/infill.py), exactly as llama-server's
+format_prompt_infill lays it out: markers, extra files, BOS, and the cuts of a long prefix,
+suffix and project."""
+
+from __future__ import annotations
+
+from strata_core.text.infill import FimTokens, Pieces, infill_prompt
+
+PRE, SUF, MID, REP, SEP, BOS = 900, 901, 902, 903, 904, 1
+FULL = FimTokens(PRE, SUF, MID, REP, SEP)
+BARE = FimTokens(PRE, SUF, MID)
+
+
+def pieces(prefix: list[int], suffix: list[int], prompt: tuple[int, ...] = (),
+           extra: list[tuple[list[int], list[int]]] | None = None) -> Pieces:  # fmt: skip
+    return Pieces(prefix, suffix, list(prompt), extra or [], repo=[70], here=[71], chunk=[72, 72])
+
+
+def test_the_plain_layout() -> None:
+    assert infill_prompt(BARE, pieces([1, 2], [3], [4]), 512, 1024, None) == [PRE, 1, 2, 4, SUF, 3, MID]
+    assert infill_prompt(BARE, pieces([1, 2], [3]), 512, 1024, BOS) == [BOS, PRE, 1, 2, SUF, 3, MID]
+
+
+def test_extra_files_come_first_with_the_project_and_file_markers() -> None:
+    extra = [([10], [11, 12]), ([20], [21])]
+    got = infill_prompt(FULL, pieces([1], [3], extra=extra), 512, 1024, BOS)
+    assert got == [REP, 70, SEP, 10, 11, 12, SEP, 20, 21, SEP, 71, BOS, PRE, 1, SUF, 3, MID]
+    # without FIM_REP and FIM_SEP: the files' texts after the snippet separator, no names
+    assert infill_prompt(BARE, pieces([1], [3], extra=extra), 512, 1024, None) == [72, 72, 11, 12, 72, 72, 21, PRE, 1, SUF, 3, MID]
+
+
+def test_long_parts_are_cut_to_the_batch_and_context() -> None:
+    prefix, suffix = list(range(100, 200)), list(range(200, 300))
+    # n_batch 16: the prefix keeps its last 12, the suffix its first 4 - (2 + prompt)
+    got = infill_prompt(BARE, pieces(prefix, suffix, [5]), 16, 1024, None)
+    assert got == [PRE, *prefix[-12:], 5, SUF, suffix[0], MID]
+    # the project keeps its end: n_ctx - n_batch + 2 tokens
+    extra = [([10], list(range(300, 340)))]
+    got = infill_prompt(FULL, pieces([1], [3], extra=extra), 16, 30, None)
+    whole = [REP, 70, SEP, 10, *range(300, 340), SEP, 71]
+    assert got == [*whole[-16:], PRE, 1, SUF, 3, MID]
+
+
+def test_fim_tokens_from_ready() -> None:
+    assert FimTokens.of({"pre": 1, "suf": 2, "mid": 3, "rep": None, "sep": 5}) == FimTokens(1, 2, 3, None, 5)
+    assert FimTokens.of({"pre": 1, "suf": 2, "mid": None}) is None
+    assert FimTokens.of(None) is None
