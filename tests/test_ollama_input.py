@@ -75,7 +75,7 @@ def test_generate_and_refusals() -> None:
     g = parse_request(OllamaGenerate, {"model": "m", "prompt": "hi", "system": "be brief"})
     assert [m.role for m in g.chat_request().messages] == ["system", "user"]
     assert g.completion_request().prompt == "hi"
-    for body, param in [({"images": ["aGk="]}, "images"), ({"suffix": "x"}, "suffix"), ({"context": [1, 2]}, "context")]:
+    for body, param in [({"images": ["aGk="]}, "images"), ({"context": [1, 2]}, "context")]:
         with pytest.raises(ApiError) as e:
             parse_request(OllamaGenerate, {"model": "m", "prompt": "hi", **body})
         assert e.value.status == 400 and e.value.param == param
