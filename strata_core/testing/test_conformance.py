@@ -101,6 +101,40 @@ def test_allowed_token_ids(kit_engine: EngineProcess) -> None:
         assert math.isclose(sum(math.exp(v) for _, v in lp.top), 1.0, abs_tol=1e-4)
 
 
+def test_slot_file_round_trip(kit_engine: EngineProcess, tmp_path: Any) -> None:
+    """A slot's cache saved to a file, dropped and restored into another slot serves a
+    request as the cache it was saved from did: the same tokens, the same cached count
+    (the KV goes through host memory and back, from whatever device holds it)."""
+
+    def slot(rid: str, *args: Any) -> Any:
+        kit_engine.send(proto.SlotCommand(rid, *args))
+        ev = kit_engine.next_event()
+        assert isinstance(ev, proto.SlotInfo) and ev.rid == rid, ev
+        return ev.info
+
+    def erase_all(tag: str) -> None:
+        for i in range(kit_engine.ready.info["slots"]):
+            slot(f"{tag}{i}", "erase", i)
+
+    prefix = PROMPT * 40
+    longer = [*prefix, 28, 29, 30]
+    erase_all("sfe")
+    kit_engine.run("sf0", prefix, max_tokens=4)
+    [held] = [s for s in slot("sf1", "list") if s["n_prompt_tokens"]]
+    saved = slot("sf2", "save", held["id"], str(tmp_path / "slot.bin"))
+    assert saved["n_saved"] == held["n_prompt_tokens"] and saved["n_written"] > 0
+    before = kit_engine.run("sf3", longer, max_tokens=8)  # on the cache as saved
+    other = (held["id"] + 1) % kit_engine.ready.info["slots"]
+    erase_all("sf4e")
+    restored = slot("sf5", "restore", other, str(tmp_path / "slot.bin"))
+    assert restored["n_restored"] == saved["n_saved"]
+    assert slot("sf6", "list")[other]["n_prompt_tokens"] == saved["n_saved"]
+    after = kit_engine.run("sf7", longer, max_tokens=8)
+    assert tokens_of(after) == tokens_of(before) and tokens_of(after)
+    assert after[-1].stats["cached"] == before[-1].stats["cached"]  # type: ignore[union-attr]
+    assert int(before[-1].stats["cached"]) >= len(prefix)  # type: ignore[union-attr]
+
+
 # ---- over HTTP --------------------------------------------------------------------------
 
 
