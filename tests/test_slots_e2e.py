@@ -21,7 +21,7 @@ PROMPT = "You are a careful assistant for a small bakery. " * 19 + "Question: wh
 
 
 def post(base: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
-    return httpx.post(f"{base}{path}", json=body, timeout=120)
+    return httpx.post(f"{base}{path}", json=body, timeout=300)
 
 
 def complete(base: str) -> dict[str, Any]:
@@ -31,7 +31,7 @@ def complete(base: str) -> dict[str, Any]:
 
 
 def slots(base: str) -> list[dict[str, Any]]:
-    r = httpx.get(f"{base}/slots", timeout=60)
+    r = httpx.get(f"{base}/slots", timeout=120)
     assert r.status_code == 200, r.text
     return r.json()  # type: ignore[no-any-return]
 
@@ -87,6 +87,22 @@ def test_a_restored_slot_is_a_cache_hit_after_a_restart(saved: dict[str, Any], r
     assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
     r = post(base, "/slots/0?action=restore", {"filename": "missing.bin"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "filename"
+
+
+def test_a_busy_slot_shows_its_request_and_saves_once_idle(restarted: Server) -> None:
+    base = restarted.base
+    body = {"prompt": "Count: one, two,", "max_tokens": 64, "temperature": 0.5, "top_k": 7,
+            "ignore_eos": True, "stream": True}  # fmt: skip
+    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=120) as r:
+        lines = r.iter_lines()  # (kept: a generator dropped closes the stream, which cancels the request)
+        next(lines)  # its first token is out: it is decoding
+        [busy] = [s for s in slots(base) if s["is_processing"]]
+        assert busy["params"]["temperature"] == 0.5 and busy["params"]["top_k"] == 7
+        assert busy["next_token"][0]["n_remain"] + busy["next_token"][0]["n_decoded"] == 64
+        # a save waits for the request to end (llama-server defers it), then writes its cache
+        saved = post(base, f"/slots/{busy['id']}?action=save", {"filename": "busy.bin"})
+        assert saved.status_code == 200 and saved.json()["n_saved"] >= 64, saved.text
+        assert "data: [DONE]" in list(lines)
 
 
 @pytest.mark.parametrize(("path", "param"), [("/slots/9?action=erase", "id_slot"), ("/slots/x?action=erase", "id_slot"),
