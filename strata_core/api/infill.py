@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import Field
+from pydantic import Field, create_model
 
 from strata_core.api import openapi
 from strata_core.api.service import (
@@ -49,31 +49,26 @@ class ExtraFile(Strict):
     text: str
 
 
-class InfillRequest(Strict):
+#: the usual sampling fields by llama-server's names, checked as /v1/completions checks them
+SAMPLING = ("n_predict", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "repeat_penalty",
+            "repeat_last_n", "presence_penalty", "frequency_penalty", "ignore_eos")  # fmt: skip
+#: those that /v1/completions spells otherwise
+OPENAI_NAMES = {"n_predict": "max_tokens", "repeat_penalty": "repetition_penalty", "repeat_last_n": "penalty_last_n"}
+_Sampling: type[Strict] = create_model("_Sampling", __base__=Strict, **{k: (Any, None) for k in SAMPLING})  # type: ignore[call-overload]
+
+
+class InfillRequest(_Sampling):  # type: ignore[misc,valid-type]
     input_prefix: str
     input_suffix: str
     input_extra: list[ExtraFile] = Field(default_factory=list)
     prompt: str = ""
     model: str | None = None
     stream: bool = False
-    # the usual sampling fields, llama-server's names (checked as /v1/completions checks them)
-    n_predict: Any = None
-    temperature: Any = None
-    top_k: Any = None
-    top_p: Any = None
-    min_p: Any = None
-    seed: Any = None
-    stop: Any = None
-    repeat_penalty: Any = None
-    repeat_last_n: Any = None
-    presence_penalty: Any = None
-    frequency_penalty: Any = None
-    ignore_eos: Any = None
     cache_prompt: bool | None = None  # a hint: the prompt cache is always on
 
     def completion(self, prompt: list[int]) -> CompletionRequest:
         """The request as a completion of ``prompt`` (a 400 names llama-server's field)."""
-        body = {OPENAI_NAMES.get(k, k): v for k, v in self.model_dump(exclude_none=True).items() if k in SAMPLING}
+        body = {OPENAI_NAMES.get(k, k): v for k, v in self.model_dump(exclude_none=True).items() if k in (*SAMPLING, "stream")}
         if isinstance(body.get("max_tokens"), int) and body["max_tokens"] < 0:
             del body["max_tokens"]  # n_predict -1: until the model stops or the context ends
         try:
@@ -82,12 +77,6 @@ class InfillRequest(Strict):
             name = {v: k for k, v in OPENAI_NAMES.items()}.get(exc.param or "", exc.param)
             exc.message, exc.param = exc.message.replace(f"'{exc.param}'", f"'{name}'"), name
             raise
-
-
-#: llama-server's sampling names that /v1/completions spells otherwise
-OPENAI_NAMES = {"n_predict": "max_tokens", "repeat_penalty": "repetition_penalty", "repeat_last_n": "penalty_last_n"}
-#: the fields passed on to the completion: the sampling ones (typed Any above), and stream
-SAMPLING = ("stream", *(k for k, f in InfillRequest.model_fields.items() if f.annotation is Any))
 
 
 async def fim_prompt(
