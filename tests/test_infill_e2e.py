@@ -86,6 +86,8 @@ def test_openai_and_ollama_suffix_make_the_infill_prompt(ours: Server) -> None:
                                                       "options": {"temperature": 0, "num_predict": 12}}, timeout=120)  # fmt: skip
     assert o.status_code == 200, o.text
     assert o.json()["response"] == ref["content"] and o.json()["prompt_eval_count"] == ref["tokens_evaluated"]
+    show = httpx.post(f"{ours.base}/api/show", json={"model": model}, timeout=30).json()
+    assert "insert" in show["capabilities"]  # what tells Ollama's clients the model takes a suffix
 
 
 def test_streamed_infill_is_the_same_text(ours: Server) -> None:
@@ -111,6 +113,7 @@ def test_ollama_suffix_without_fim_tokens_is_400(server: Server) -> None:
     model = httpx.get(f"{server.base}/v1/models", timeout=30).json()["data"][0]["id"]
     r = httpx.post(f"{server.base}/api/generate", json={"model": model, "prompt": "a", "suffix": "b"}, timeout=60)
     assert r.status_code == 400 and "suffix" in r.json()["error"], r.text
+    assert "insert" not in httpx.post(f"{server.base}/api/show", json={"model": model}, timeout=30).json()["capabilities"]
 
 
 def test_bad_infill_requests_are_400(ours: Server) -> None:

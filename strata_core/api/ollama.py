@@ -55,6 +55,7 @@ from strata_core.ops.models import ModelError
 from strata_core.schema.errors import ApiError
 from strata_core.schema.requests import BaseRequest, parse_request
 from strata_core.text.choice import Delta
+from strata_core.text.infill import FimTokens
 
 router = APIRouter()
 
@@ -434,6 +435,8 @@ async def show(request: Request) -> dict[str, Any]:
         capabilities.append("tools")
     if "<think>" in template or "enable_thinking" in template:
         capabilities.append("thinking")
+    if entry.service is not None and FimTokens.of(entry.service.engine.info.get("fim")):
+        capabilities.append("insert")  # Ollama's name for generate's suffix (fill-in-the-middle)
     # the context a request's options.num_ctx may ask for (clients such as Continue read it here)
     n_ctx = entry.service.n_ctx if entry.service is not None else spec.config.engine.n_ctx
     return {"modelfile": f"FROM {spec.path}\n", "parameters": f"num_ctx {n_ctx}", "template": template, "details": row["details"],
