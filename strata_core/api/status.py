@@ -24,10 +24,13 @@ def lora_adapters(entry: Any) -> list[dict[str, Any]]:
 
 
 def model_card(name: str, entry: Any) -> dict[str, Any]:
-    """A served model as /v1/models lists it: the inputs it takes, its LoRA adapters."""
+    """A served model as /v1/models lists it: the inputs it takes, its LoRA adapters, and
+    (``strata``) its sampling defaults with where each came from."""
     adapters = lora_adapters(entry)
+    defaults = entry.spec.defaults
     return {"id": name, "object": "model", "created": 0, "owned_by": "strata", "inputs": entry.spec.inputs,
-            **({"lora_adapters": adapters} if adapters else {})}  # fmt: skip
+            **({"lora_adapters": adapters} if adapters else {}),
+            **({"strata": {"sampling_defaults": defaults.view()}} if defaults else {})}  # fmt: skip
 
 
 @router.get("/v1/models")

@@ -326,7 +326,7 @@ class SpeculativeConfig(_Section):
 class ModelConfig(_Section):
     """One model of a server serving several (``[models.NAME]``; clients name it NAME):
     its own engine process. A key left out is [engine]'s; ``speculative`` replaces the
-    [speculative] table for this model."""
+    [speculative] table for this model, ``sampling`` sets keys of [sampling] for it."""
 
     path: str = Field(min_length=1)  # a GGUF path, an alias, or hf:OWNER/REPO[:QUANT][@REVISION]
     backend: str | None = None
@@ -342,6 +342,8 @@ class ModelConfig(_Section):
     _lora_names = field_validator("lora")(_unique_names)
     #: false: the engine starts on the model's first request instead of with the server.
     preload: bool = True
+    #: sampling defaults of this model's own, each over [sampling]'s (``[models.NAME.sampling]``)
+    sampling: SamplingConfig | None = None
 
     @field_validator("parallel", mode="before")
     @classmethod
@@ -416,6 +418,9 @@ class Config(_Section):
         out = self.model_copy(update={"engine": self.engine.model_copy(update=update), "models": {}})
         if m.speculative is not None:
             out = out.model_copy(update={"speculative": m.speculative})
+        if m.sampling is not None:  # key by key: what the model's table leaves out is [sampling]'s
+            own = m.sampling.model_dump(exclude_unset=True)
+            out = out.model_copy(update={"sampling": self.sampling.model_copy(update=own)})
         return out
 
 

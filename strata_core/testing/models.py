@@ -77,8 +77,11 @@ def write_tokenizer(src: Path, dst: Path, extra_tokens: int = 0) -> None:
     writer.close()
 
 
-def write_random(tokenizer: Path, dst: Path, shape: Shape, seed: int = 0, n_ctx: int = 8192) -> None:
-    """A Llama of ``shape`` with random F16 weights and ``tokenizer``'s vocabulary."""
+def write_random(
+    tokenizer: Path, dst: Path, shape: Shape, seed: int = 0, n_ctx: int = 8192, sampling: dict[str, float] | None = None
+) -> None:
+    """A Llama of ``shape`` with random F16 weights and ``tokenizer``'s vocabulary, and
+    ``sampling`` as its maker's defaults (``general.sampling.<key>``: temp, top_k, ...)."""
     reader = gguf.GGUFReader(tokenizer)
     n_vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     writer = gguf.GGUFWriter(dst, "llama")
@@ -95,6 +98,9 @@ def write_random(tokenizer: Path, dst: Path, shape: Shape, seed: int = 0, n_ctx:
     writer.add_vocab_size(n_vocab)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     _copy_fields(reader, writer, ["tokenizer."])
+    for key, value in (sampling or {}).items():  # llama.cpp's LLM_KV_GENERAL_SAMPLING_*
+        vtype = gguf.GGUFValueType.INT32 if isinstance(value, int) else gguf.GGUFValueType.FLOAT32
+        writer.add_key_value(f"general.sampling.{key}", value, vtype)
     rng = np.random.default_rng(seed)
     hd = shape.n_embd // shape.n_head
     e, kv, ff = shape.n_embd, shape.n_head_kv * hd, shape.n_ff
