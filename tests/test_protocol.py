@@ -16,6 +16,7 @@ from strata_core.contract import protocol as proto
 from strata_core.contract.protocol import (
     DONE_REASONS,
     PROTOCOL_VERSION,
+    Adapters,
     Cancel,
     Command,
     Done,
@@ -25,6 +26,10 @@ from strata_core.contract.protocol import (
     Event,
     Gen,
     Logprob,
+    LoraAdapter,
+    LoraLoad,
+    LoraScales,
+    LoraUnload,
     ProtocolError,
     Quit,
     Ready,
@@ -69,6 +74,10 @@ commands = st.one_of(
     st.builds(Tokenize, rids, st.text(), st.booleans()),
     st.builds(VocabRequest, rids),
     st.builds(Embed, rids, st.lists(ids, min_size=1, max_size=30).map(tuple)),
+    st.builds(LoraLoad, rids, st.text()),
+    st.builds(LoraUnload, rids, ids),
+    st.builds(LoraScales, rids, st.lists(st.tuples(ids, st.floats(allow_nan=False, allow_infinity=False)),
+                                         max_size=4).map(tuple)),
     st.just(Quit()),
 )
 events = st.one_of(
@@ -80,6 +89,8 @@ events = st.one_of(
     st.builds(Vocab, rids, st.lists(st.binary(max_size=64), max_size=40).map(tuple)),
     st.builds(Embedding, rids, st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False),
                                         max_size=40).map(tuple)),
+    st.builds(Adapters, rids, st.lists(st.builds(LoraAdapter, ids, st.floats(allow_nan=False, allow_infinity=False),
+                                                  st.text()), max_size=4).map(tuple)),
     st.builds(Error, st.none() | rids, messages),
     st.builds(Warn, st.none() | rids, messages),
 )
@@ -160,6 +171,8 @@ EVENT_FIXTURES: list[tuple[str, Event]] = [
     ("VOCAB v -", Vocab("v", ())),
     # 1.0, -0.5 as float32 little-endian: 00 00 80 3f | 00 00 00 bf
     ("EMBEDDING e AACAPwAAAL8=", Embedding("e", (1.0, -0.5))),
+    ("ADAPTERS l 0:1.0:YS5nZ3Vm 3:0.0:Yi5nZ3Vm", Adapters("l", (LoraAdapter(0, 1.0, "a.gguf"), LoraAdapter(3, 0.0, "b.gguf")))),
+    ("ADAPTERS l", Adapters("l", ())),
     ("ERR r1 prompt is empty", Error("r1", "prompt is empty")),
     ("ERR - engine  out of memory ", Error(None, "engine  out of memory ")),
     ("WARN r1 unknown key foo", Warn("r1", "unknown key foo")),
@@ -187,6 +200,10 @@ COMMAND_FIXTURES: list[tuple[str, Command]] = [
     ("TOKENIZE r 4pyTIMOp", Tokenize("r", "✓ é")),
     ("VOCAB r", VocabRequest("r")),
     ("EMBED e 1 22 333", Embed("e", (1, 22, 333))),
+    ("LORA l load YS5nZ3Vm", LoraLoad("l", "a.gguf")),
+    ("LORA l unload 3", LoraUnload("l", 3)),
+    ("LORA l scales 0:0.5,2:1.0", LoraScales("l", ((0, 0.5), (2, 1.0)))),
+    ("LORA l scales -", LoraScales("l", ())),
     ("QUIT", Quit()),
 ]
 
@@ -301,6 +318,9 @@ BAD_COMMANDS = [
     ("TOKENIZE a //8=", "not UTF-8"),
     ("VOCAB", "expected 'VOCAB <rid>'"),
     ("EMBED a", "expected 'EMBED <rid> <id> ...'"),
+    ("LORA a unload", "expected 'LORA <rid> load"),
+    ("LORA a drop 1", "bad LORA operation 'drop'"),
+    ("LORA a scales 0:nan", "bad LoRA scale 'nan'"),
     ("EMBED a 1 x", "bad token id 'x'"),
     ("QUIT now", "expected 'QUIT'"),
 ]
@@ -362,7 +382,7 @@ BAD_TO_ENCODE: list[tuple[Event | Command, str]] = [
 def test_bad_value_to_encode(obj: Event | Command, why: str) -> None:
     encode = (
         encode_command
-        if isinstance(obj, (Gen, Cancel, Tokenize, VocabRequest, Embed, Quit))
+        if isinstance(obj, (Gen, Cancel, Tokenize, VocabRequest, Embed, LoraLoad, LoraUnload, LoraScales, Quit))
         else encode_event
     )
     with pytest.raises(ProtocolError) as info:
@@ -394,6 +414,8 @@ VERBS = [
     "TOKENIZE",
     "EMBED",
     "EMBEDDING",
+    "LORA",
+    "ADAPTERS",
     "QUIT",
     ":",
 ]
@@ -437,7 +459,7 @@ def test_parsers_raise_only_protocol_error(line: str) -> None:
 
 @given(events | commands, st.integers(0, 10_000), st.text(max_size=3), st.integers(0, 3))
 def test_mutated_lines_raise_only_protocol_error(obj: Any, pos: int, junk: str, cut: int) -> None:
-    is_event = not isinstance(obj, (Gen, Cancel, Tokenize, VocabRequest, Embed, Quit))
+    is_event = not isinstance(obj, (Gen, Cancel, Tokenize, VocabRequest, Embed, LoraLoad, LoraUnload, LoraScales, Quit))
     line = _mutate(encode_event(obj) if is_event else encode_command(obj), pos, junk, cut)
     for parse in (parse_event, parse_command):
         try:

@@ -13,6 +13,7 @@ from fastapi import Depends, FastAPI
 from strata_core.api import (
     completions,
     embeddings,
+    lora,
     messages,
     ollama,
     rerank,
@@ -29,7 +30,7 @@ from strata_core.api.tracing import start_tracing, stop_tracing
 from strata_core.api.web import add_web_routes
 from strata_core.schema.errors import ApiError
 
-FAMILIES = (completions, responses, messages, embeddings, rerank, tokenize, ollama, status)
+FAMILIES = (completions, responses, messages, embeddings, rerank, tokenize, ollama, status, lora)
 
 
 def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None = None) -> FastAPI:

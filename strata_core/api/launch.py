@@ -90,6 +90,7 @@ class ModelSpec:
         service = Service(self.config, self.name, EngineClient(self.command, self.log_path),
                           chat_template=self.chat_template)  # fmt: skip
         service.backend_info = self.info()
+        service.adapters.model = self.path  # adapters loaded at run time are checked against it
         return service
 
     def info(self) -> dict[str, Any]:

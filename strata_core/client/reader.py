@@ -288,7 +288,9 @@ class EngineClient:
                     self.start_error = ev.message
         elif isinstance(ev, proto.Warn):
             log.warning("engine: %s %s", ev.rid or "-", ev.message)
-        elif isinstance(ev, (proto.Tokens, proto.MediaTokens, proto.Vocab, proto.Embedding)):
+        elif isinstance(ev, (proto.Tokens, proto.MediaTokens, proto.Vocab, proto.Embedding, proto.Adapters)):
+            if isinstance(ev, proto.Adapters):  # what READY said of them, as they are now
+                self.info["lora"] = [{"id": a.id, "path": a.path, "scale": a.scale} for a in ev.adapters]
             fut = self._replies.pop(ev.rid, None)
             if fut is not None and not fut.done():
                 fut.set_result(ev)
@@ -344,7 +346,9 @@ class EngineClient:
             except EngineUnavailable:
                 pass
 
-    async def _ask(self, cmd: proto.Tokenize | proto.MediaTokenize | proto.VocabRequest | proto.Embed) -> Any:
+    async def _ask(
+        self, cmd: proto.Tokenize | proto.MediaTokenize | proto.VocabRequest | proto.Embed | proto.LoraCommand
+    ) -> Any:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._replies[cmd.rid] = fut
         try:
@@ -372,6 +376,19 @@ class EngineClient:
         """One input's pooled embedding, as the engine computed it (not normalised)."""
         ev = await self._ask(proto.Embed(self.new_rid("e"), tuple(ids)))
         return ev.vector  # type: ignore[no-any-return]
+
+    async def lora(self, op: str, arg: Any) -> None:
+        """Change the engine's LoRA adapters (op load: a path; unload: an id; scales: id ->
+        default scale); ``info["lora"]`` lists them after. EngineRefused says why not."""
+        rid = self.new_rid("l")
+        cmd: proto.LoraCommand
+        if op == "load":
+            cmd = proto.LoraLoad(rid, arg)
+        elif op == "unload":
+            cmd = proto.LoraUnload(rid, arg)
+        else:
+            cmd = proto.LoraScales(rid, tuple(arg.items()))
+        await self._ask(cmd)
 
     @property
     def in_flight(self) -> int:
