@@ -117,28 +117,51 @@ def test_a_request_must_name_both(srv: Server) -> None:
     assert post(srv, "/v1/unload_lora_adapter", {}).status_code == 400
 
 
-def test_an_unload_waits_for_the_request_running_on_the_adapter(srv: Server, files: dict[str, Path]) -> None:
-    assert post(srv, "/v1/load_lora_adapter", {"lora_name": "slow", "lora_path": str(files["a"])}).status_code == 200
-    whole = complete(srv, n=32, model="slow", ignore_eos=True)
-    ended: dict[str, float] = {}
+def stream_while(srv: Server, body: dict[str, Any], action: Any) -> tuple[str, float, Any, float]:
+    """Stream ``body``'s reply, running ``action`` once its first chunk is in: the reply's
+    text and when it ended, what ``action`` returned and when it did."""
     texts: list[str] = []
-    body = {"prompt": PROMPT, "max_tokens": 32, "model": "slow", "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", f"{srv.base}/v1/completions", json=body, timeout=300) as stream:
-        lines = stream.iter_lines()
-        first = next(line for line in lines if line.startswith("data: "))
-        texts.append(httpx.Response(200, content=first[6:]).json()["choices"][0]["text"])
+    done: dict[str, Any] = {}
 
-        def unload() -> None:
-            ended["status"] = post(srv, "/v1/unload_lora_adapter", {"lora_name": "slow"}).status_code
-            ended["unload"] = time.monotonic()
+    def act() -> None:
+        done["result"] = action()
+        done["at"] = time.monotonic()
 
-        worker = threading.Thread(target=unload)
-        worker.start()
-        for line in lines:
+    with httpx.stream("POST", f"{srv.base}/v1/completions", json={**body, "stream": True}, timeout=300) as stream:
+        worker = threading.Thread(target=act)
+        for line in stream.iter_lines():
             if line.startswith("data: {"):
                 texts.append(httpx.Response(200, content=line[6:]).json()["choices"][0]["text"])
-        ended["stream"] = time.monotonic()
+                if not worker.is_alive() and "at" not in done:
+                    worker.start()
+        ended = time.monotonic()
     worker.join(timeout=120)
-    assert ended["status"] == 200 and ended["unload"] >= ended["stream"]
-    assert "".join(texts) == whole  # the whole reply, on the adapter to its end
+    return "".join(texts), ended, done["result"], done["at"]
+
+
+def test_requests_running_keep_their_scales_when_the_defaults_change(srv: Server, files: dict[str, Path]) -> None:
+    assert post(srv, "/v1/load_lora_adapter", {"lora_name": "d", "lora_path": str(files["a"])}).status_code == 200
+    i = next(a["id"] for a in adapters(srv) if a["name"] == "d")
+    body = {"prompt": PROMPT, "max_tokens": 32, "ignore_eos": True}
+    base, on_d = complete(srv, n=32, ignore_eos=True), complete(srv, model="d")
+    assert not base.startswith(on_d)
+    text, _, during, _ = stream_while(srv, body, lambda: (post(srv, "/lora-adapters", [{"id": i, "scale": 1.0}]),
+                                                          complete(srv)))  # fmt: skip
+    assert text == base  # started under scale 0: ends under it
+    assert during[0].json() == {"success": True} and during[1] == on_d  # a new request gets the new scale
+    # (short replies: one decoded apart and one in the shared batch may part at a near-tie later on)
+    assert complete(srv) == on_d
+    assert post(srv, "/lora-adapters", []).json() == {"success": True}
+    assert base.startswith(complete(srv))
+    assert post(srv, "/v1/unload_lora_adapter", {"lora_name": "d"}).status_code == 200
+
+
+def test_an_unload_waits_for_the_request_running_on_the_adapter(srv: Server, files: dict[str, Path]) -> None:
+    assert post(srv, "/v1/load_lora_adapter", {"lora_name": "slow", "lora_path": str(files["a"])}).status_code == 200
+    body = {"prompt": PROMPT, "max_tokens": 32, "model": "slow", "ignore_eos": True}
+    whole = complete(srv, n=32, model="slow", ignore_eos=True)
+    text, ended, r, unloaded = stream_while(srv, body, lambda: post(srv, "/v1/unload_lora_adapter",
+                                                                    {"lora_name": "slow"}))  # fmt: skip
+    assert r.status_code == 200 and unloaded >= ended
+    assert text == whole  # the whole reply, on the adapter to its end
     assert "slow" not in {a["name"] for a in adapters(srv)}
