@@ -48,7 +48,8 @@ def files(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
 def srv(cpu_engine: EngineBuild, default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     d = tmp_path_factory.mktemp("lora-runtime-server")
     cfg = d / "strata.toml"
-    cfg.write_text(f'[engine]\nbackend = "cpu"\nmodel = "{default_model}"\nparallel = 2\nn_ctx = 512\n')
+    cfg.write_text(f'[server]\nlora_loading = true\n\n'
+                   f'[engine]\nbackend = "cpu"\nmodel = "{default_model}"\nparallel = 2\nn_ctx = 512\n')  # fmt: skip
     with Server(["--config", str(cfg)], d / "server.log") as s:
         yield s
 
@@ -109,6 +110,13 @@ def test_an_adapter_of_another_model_or_no_adapter_is_refused(
     assert r.status_code == status and says in r.json()["error"]["message"], r.text
     assert name not in {a["name"] for a in adapters(srv)}
     assert complete(srv, n=2)  # the engine serves on
+
+
+def test_loading_is_off_unless_the_operator_turns_it_on(server: Server, files: dict[str, Path]) -> None:
+    for path, body in [("/v1/load_lora_adapter", {"lora_name": "a", "lora_path": str(files["a"])}),
+                       ("/v1/unload_lora_adapter", {"lora_name": "a"})]:  # fmt: skip
+        r = post(server, path, body)
+        assert r.status_code == 403 and "lora_loading = true" in r.json()["error"]["message"], r.text
 
 
 def test_a_request_must_name_both(srv: Server) -> None:

@@ -75,6 +75,8 @@ def test_models_lists_each_default_and_where_it_came_from(srv: Server) -> None:
         assert card["top_k"] == {"value": 40, "source": "gguf"}
         assert card["min_p"] == {"value": 0.01, "source": "config"}
         assert card["presence_penalty"] == {"value": 0.0, "source": "strata"}
+    show = httpx.post(f"{srv.base}/api/show", json={"model": "tuned"}).json()["parameters"].splitlines()
+    assert {"temperature 0.7", "top_k 40", "top_p 0.9", "min_p 0.01"} <= set(show) and "presence_penalty 0.0" not in show
 
 
 def test_doctor_shows_the_defaults(cpu_engine: EngineBuild, config: Path) -> None:

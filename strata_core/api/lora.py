@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from strata_core.api.openapi import error
 from strata_core.client.reader import EngineClient, EngineRefused
 from strata_core.ops.adapters import AdapterMissing, check_adapter
 from strata_core.ops.config import LoraAdapter
@@ -121,14 +122,30 @@ class Scale(BaseModel):
     scale: float = Field(allow_inf_nan=False)
 
 
+#: What the load and unload routes answer besides their reply.
+MANAGING: dict[int | str, dict[str, Any]] = {
+    400: error("a body without the adapter's name (or path), an adapter that does not fit the model, a name loaded"),
+    403: error("loading adapters at run time is off ([server] lora_loading = false)"),
+    404: error("no file at lora_path, no adapter of that name, or no such model"),
+}
+
+
+def check_loading(request: Request) -> None:
+    if not request.app.state.server_config.lora_loading:
+        raise ApiError(403, "loading LoRA adapters at run time is off on this server: it reads files by the "
+                       "paths clients send (set [server] lora_loading = true)", type="permission_error",
+                       code="lora_loading_off")  # fmt: skip
+
+
 async def adapters_of(request: Request, model: str | None) -> LoraAdapters:
     """The adapters of the model named (loaded now if it is not)."""
     service = await request.app.state.pool.service(model)
     return service.adapters  # type: ignore[no-any-return]
 
 
-@router.post("/v1/load_lora_adapter", response_class=PlainTextResponse)
+@router.post("/v1/load_lora_adapter", response_class=PlainTextResponse, responses=MANAGING)
 async def load_lora_adapter(body: LoadAdapter, request: Request) -> str:
+    check_loading(request)
     if not body.lora_name or not body.lora_path:
         raise vllm_error(400, "Both 'lora_name' and 'lora_path' must be provided.", "InvalidUserInput")
     if body.load_inplace:
@@ -138,8 +155,9 @@ async def load_lora_adapter(body: LoadAdapter, request: Request) -> str:
     return f"Success: LoRA adapter '{body.lora_name}' added successfully."
 
 
-@router.post("/v1/unload_lora_adapter", response_class=PlainTextResponse)
+@router.post("/v1/unload_lora_adapter", response_class=PlainTextResponse, responses=MANAGING)
 async def unload_lora_adapter(body: UnloadAdapter, request: Request) -> str:
+    check_loading(request)
     if not body.lora_name and body.lora_int_id is None:
         raise vllm_error(400, "either 'lora_name' and 'lora_int_id' needs to be provided.", "InvalidUserInput")
     adapters = await adapters_of(request, body.model)
@@ -150,7 +168,7 @@ async def unload_lora_adapter(body: UnloadAdapter, request: Request) -> str:
     return f"Success: LoRA adapter '{name}' removed successfully."
 
 
-@router.post("/lora-adapters")
+@router.post("/lora-adapters", responses={400: error("an id no adapter has"), 404: error("no such model")})
 async def set_lora_scales(body: list[Scale], request: Request, model: str | None = None) -> dict[str, bool]:
     """llama-server's: every adapter's default scale (one left out: 0), what a request
     without ``lora`` of its own gets from now on."""

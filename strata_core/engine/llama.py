@@ -201,18 +201,17 @@ class Llama:
         self.lora_scales: tuple[float, ...] = ()
         self._lora_now: tuple[float, ...] = ()  # the context has no adapters set yet
         for path, scale in loras:
-            self.load_lora(path)
-            self.lora_scales = (*self.lora_scales[:-1], scale)
+            self.load_lora(path, scale)
         self.use_lora(None)
 
-    def load_lora(self, path: str) -> int:
-        """Load an adapter at default scale 0 (no request gets it unasked); its id."""
+    def load_lora(self, path: str, scale: float = 0.0) -> int:
+        """Load an adapter at default ``scale`` (0: no request gets it unasked); its id."""
         adapter = ll.llama_adapter_lora_init(self.model, path.encode())
         if not adapter:
             raise LlamaError(f"llama.cpp could not load the LoRA adapter {path} (for this model? the engine's log says why)")
         self._loras.append(adapter)
         self.lora_paths.append(path)
-        self.lora_scales = (*self.lora_scales, 0.0)
+        self.lora_scales = (*self.lora_scales, scale)
         return len(self._loras) - 1
 
     def free_lora(self, i: int) -> None:

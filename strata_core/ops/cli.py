@@ -272,7 +272,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cfg = _config(args)
     if warning := exposure_warning(cfg):
         print(warning, file=sys.stderr, flush=True)
-    check_defaults(cfg.sampling)
+    for sampling in [cfg.sampling, *(cfg.for_model(name).sampling for name in cfg.models)]:
+        check_defaults(sampling)
     tls = tls_options(cfg.server)
     host, port = cfg.server.host, cfg.server.port
     log_path = engine_log_path(args, port)

@@ -67,6 +67,9 @@ class ServerConfig(_Section):
     #: Serve every model in the hub's cache too (``strata models``; pulled ones included),
     #: each loaded on its first request, under max_loaded and idle_ttl_s.
     catalog: bool = False
+    #: Let clients load and unload LoRA adapters by path (vLLM's /v1/load_lora_adapter,
+    #: /v1/unload_lora_adapter): off, they answer 403, as vLLM keeps them off by default.
+    lora_loading: bool = False
     #: Most media items (images, audio clips) one request may carry.
     max_media_per_request: int = Field(default=8, ge=0)
     #: Whether image and audio parts may name an http(s) URL the server fetches; off, only
