@@ -77,6 +77,8 @@ def test_load_name_as_model_set_scales_unload(srv: Server, files: dict[str, Path
     assert cards["pirate"]["parent"] in cards and cards["pirate"]["root"] == str(files["a"])
     assert complete(srv) == base  # loaded at scale 0: nobody gets it unasked
     pirate = complete(srv, model="pirate")
+    named = post(srv, "/v1/completions", {"prompt": PROMPT, "max_tokens": 1, "model": "pirate"}).json()
+    assert named["model"] == "pirate"  # answered by the adapter's name, as vLLM does
     assert pirate != base and pirate == complete(srv, lora=[{"id": 0, "scale": 1.0}])
 
     again = post(srv, "/v1/load_lora_adapter", {"lora_name": "pirate", "lora_path": str(files["a"])})
