@@ -131,7 +131,7 @@ def test_the_gateway_protocol_series_are_always_there() -> None:
 
 
 def test_lora_info_names_the_adapters_in_slots_and_waiting() -> None:
-    m = Metrics(lambda: 1, lambda: 2, lambda: 0, kv_cells=lambda: 2048, lora_names=["pirate", "b", "c"],
+    m = Metrics(lambda: 1, lambda: 2, lambda: 0, kv_cells=lambda: 2048, lora_names=lambda: {0: "pirate", 1: "b", 2: "c"},
                 lora_in_flight=lambda: ({2, 0}, {1}))  # fmt: skip
     s = samples(m.render())
     [labels] = [dict(k[1]) for k in s if k[0] == "vllm:lora_requests_info"]

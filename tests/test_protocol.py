@@ -16,6 +16,7 @@ from strata_core.contract import protocol as proto
 from strata_core.contract.protocol import (
     DONE_REASONS,
     PROTOCOL_VERSION,
+    Adapters,
     Cancel,
     Command,
     Done,
@@ -25,6 +26,10 @@ from strata_core.contract.protocol import (
     Event,
     Gen,
     Logprob,
+    LoraAdapter,
+    LoraLoad,
+    LoraScales,
+    LoraUnload,
     ProtocolError,
     Quit,
     Ready,
@@ -74,6 +79,10 @@ commands = st.one_of(
     st.builds(SlotCommand, rids, st.just("list")),
     st.builds(SlotCommand, rids, st.sampled_from(["save", "restore"]), ids, st.text()),
     st.builds(SlotCommand, rids, st.just("erase"), ids),
+    st.builds(LoraLoad, rids, st.text()),
+    st.builds(LoraUnload, rids, ids),
+    st.builds(LoraScales, rids, st.lists(st.tuples(ids, st.floats(allow_nan=False, allow_infinity=False)),
+                                         max_size=4).map(tuple)),
     st.just(Quit()),
 )
 events = st.one_of(
@@ -86,6 +95,8 @@ events = st.one_of(
     st.builds(Embedding, rids, st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False),
                                         max_size=40).map(tuple)),
     st.builds(SlotInfo, rids, json_values),
+    st.builds(Adapters, rids, st.lists(st.builds(LoraAdapter, ids, st.floats(allow_nan=False, allow_infinity=False),
+                                                  st.text()), max_size=4).map(tuple)),
     st.builds(Error, st.none() | rids, messages),
     st.builds(Warn, st.none() | rids, messages),
 )
@@ -167,6 +178,8 @@ EVENT_FIXTURES: list[tuple[str, Event]] = [
     # 1.0, -0.5 as float32 little-endian: 00 00 80 3f | 00 00 00 bf
     ("EMBEDDING e AACAPwAAAL8=", Embedding("e", (1.0, -0.5))),
     ('SLOTINFO s [{"id":0,"n_ctx":512}]', SlotInfo("s", [{"id": 0, "n_ctx": 512}])),
+    ("ADAPTERS l 0:1.0:YS5nZ3Vm 3:0.0:Yi5nZ3Vm", Adapters("l", (LoraAdapter(0, 1.0, "a.gguf"), LoraAdapter(3, 0.0, "b.gguf")))),
+    ("ADAPTERS l", Adapters("l", ())),
     ("ERR r1 prompt is empty", Error("r1", "prompt is empty")),
     ("ERR - engine  out of memory ", Error(None, "engine  out of memory ")),
     ("WARN r1 unknown key foo", Warn("r1", "unknown key foo")),
@@ -197,6 +210,10 @@ COMMAND_FIXTURES: list[tuple[str, Command]] = [
     ("SLOT s list", SlotCommand("s", "list")),
     ("SLOT s save 1 L3RtcC9hLmJpbg==", SlotCommand("s", "save", 1, "/tmp/a.bin")),
     ("SLOT s erase 0", SlotCommand("s", "erase", 0)),
+    ("LORA l load YS5nZ3Vm", LoraLoad("l", "a.gguf")),
+    ("LORA l unload 3", LoraUnload("l", 3)),
+    ("LORA l scales 0:0.5,2:1.0", LoraScales("l", ((0, 0.5), (2, 1.0)))),
+    ("LORA l scales -", LoraScales("l", ())),
     ("QUIT", Quit()),
 ]
 
@@ -311,6 +328,9 @@ BAD_COMMANDS = [
     ("TOKENIZE a //8=", "not UTF-8"),
     ("VOCAB", "expected 'VOCAB <rid>'"),
     ("EMBED a", "expected 'EMBED <rid> <id> ...'"),
+    ("LORA a unload", "expected 'LORA <rid> load"),
+    ("LORA a drop 1", "bad LORA operation 'drop'"),
+    ("LORA a scales 0:nan", "bad LoRA scale 'nan'"),
     ("EMBED a 1 x", "bad token id 'x'"),
     ("QUIT now", "expected 'QUIT'"),
     ("SLOT s drop 1", "bad SLOT action 'drop'"),
@@ -375,7 +395,7 @@ BAD_TO_ENCODE: list[tuple[Event | Command, str]] = [
 def test_bad_value_to_encode(obj: Event | Command, why: str) -> None:
     encode = (
         encode_command
-        if isinstance(obj, (Gen, Cancel, Tokenize, VocabRequest, Embed, SlotCommand, Quit))
+        if isinstance(obj, Command)
         else encode_event
     )
     with pytest.raises(ProtocolError) as info:
@@ -409,6 +429,8 @@ VERBS = [
     "EMBEDDING",
     "SLOT",
     "SLOTINFO",
+    "LORA",
+    "ADAPTERS",
     "QUIT",
     ":",
 ]
@@ -452,7 +474,7 @@ def test_parsers_raise_only_protocol_error(line: str) -> None:
 
 @given(events | commands, st.integers(0, 10_000), st.text(max_size=3), st.integers(0, 3))
 def test_mutated_lines_raise_only_protocol_error(obj: Any, pos: int, junk: str, cut: int) -> None:
-    is_event = not isinstance(obj, (Gen, Cancel, Tokenize, VocabRequest, Embed, SlotCommand, Quit))
+    is_event = not isinstance(obj, Command)
     line = _mutate(encode_event(obj) if is_event else encode_command(obj), pos, junk, cut)
     for parse in (parse_event, parse_command):
         try:

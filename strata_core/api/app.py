@@ -14,6 +14,7 @@ from strata_core.api import (
     completions,
     embeddings,
     infill,
+    lora,
     messages,
     ollama,
     rerank,
@@ -31,7 +32,7 @@ from strata_core.api.tracing import start_tracing, stop_tracing
 from strata_core.api.web import add_web_routes
 from strata_core.schema.errors import ApiError
 
-FAMILIES = (completions, responses, messages, embeddings, rerank, tokenize, infill, slots, ollama, status)
+FAMILIES = (completions, responses, messages, embeddings, rerank, tokenize, infill, slots, ollama, status, lora)
 
 
 def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None = None) -> FastAPI:

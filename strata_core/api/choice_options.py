@@ -9,6 +9,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from strata_core.api.lora import LoraAdapters
 from strata_core.api.sampling_defaults import REQUEST_PARAMS, gen_options, max_new_tokens
 from strata_core.client.reader import EngineClient
 from strata_core.contract.options import GenOptions, OptionError
@@ -19,8 +20,8 @@ from strata_core.text.choice import ChatShape
 
 
 class ChoiceOptions:
-    def __init__(self, engine: EngineClient, config: Config) -> None:
-        self.engine, self.config = engine, config
+    def __init__(self, engine: EngineClient, config: Config, adapters: LoraAdapters) -> None:
+        self.engine, self.config, self.adapters = engine, config, adapters
         #: a closing reasoning marker's token ids, by its text (tokenized once)
         self._think_close: dict[str, tuple[int, ...]] = {}
 
@@ -49,14 +50,18 @@ class ChoiceOptions:
             )
         return max_new if max_new is not None else n_ctx - n
 
-    def lora_scales(self, req: BaseRequest) -> dict[int, float]:
-        """A request's ``lora`` as adapter id -> scale; 400 for an adapter the model lacks."""
-        n = len(self.engine.info.get("lora") or [])
+    def lora_scales(self, req: BaseRequest) -> dict[int, float] | None:
+        """A request's ``lora`` as adapter id -> scale (an adapter named as its ``model``:
+        that one alone at 1; None: the default scales); 400 for an adapter the model lacks."""
+        if req.lora is None:
+            named = self.adapters.id_of(req.model)
+            return None if named is None else {named: 1.0}
+        usable = self.adapters.usable()
         scales: dict[int, float] = {}
-        for entry in req.lora or ():
-            if entry.id >= n:
-                raise ApiError(400, f"lora names adapter {entry.id}, but this model has {n} (GET /lora-adapters "
-                               "lists them)", param="lora", code="invalid_value")  # fmt: skip
+        for entry in req.lora:
+            if entry.id not in usable:
+                raise ApiError(400, f"lora names adapter {entry.id}, but this model has {len(usable)} (GET "
+                               "/lora-adapters lists them)", param="lora", code="invalid_value")  # fmt: skip
             scales[entry.id] = entry.scale
         return scales
 
@@ -72,8 +77,8 @@ class ChoiceOptions:
             opts = opts.replace(spec=cfg.speculative.mode)
         if grammar is not None:
             opts = opts.replace(grammar=grammar)
-        if req.lora is not None:
-            opts = opts.replace(lora=self.lora_scales(req))
+        if (lora := self.lora_scales(req)) is not None:
+            opts = opts.replace(lora=lora)
         if req.ignore_eos:  # an end-of-generation token's logit is -inf, as llama-server sets it
             eog = dict.fromkeys(self.engine.info.get("eog") or [], -math.inf)
             opts = opts.replace(sampling=replace(opts.sampling, bias={**opts.sampling.bias, **eog}))

@@ -86,9 +86,11 @@ async def respond(
     iters, seed, constraint = run.choices, run.seed, run.constraint
     headers = {"x-strata-seed": str(seed)}
     timeout = service.config.server.request_timeout or None
+    # an adapter named as the model answers by its own name, as vLLM's do
+    model = req.model if req.model and req.lora is None and service.adapters.id_of(req.model) is not None else service.model_id
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        stream = sse_stream(rid, service.model_id, iters, chat, include_usage, prompts, req.n,
+        stream = sse_stream(rid, model, iters, chat, include_usage, prompts, req.n,
                             timeout=timeout, bugs=service.metrics.internal_errors)  # fmt: skip
         return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
     try:
@@ -102,5 +104,5 @@ async def respond(
         results = [reconciled(r, constraint) for r in results]
     choices = [r.choice(i, chat) for i, r in enumerate(results)]
     build = bodies.chat_response if chat else bodies.completion_response
-    return JSONResponse(build(rid, service.model_id, choices, usage, seed), headers=headers)
+    return JSONResponse(build(rid, model, choices, usage, seed), headers=headers)
 

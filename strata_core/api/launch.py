@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from strata_core.api.sampling_defaults import ModelDefaults, layer_defaults
 from strata_core.api.service import Service
 from strata_core.client.reader import EngineClient, EngineCommand, engine_command
 from strata_core.ops import catalog
@@ -76,6 +77,8 @@ class ModelSpec:
     mmproj: Path | None = None
     #: the operator's chat template text ([engine] / [models.NAME] chat_template)
     chat_template: str | None = None
+    #: its sampling defaults and where each came from (``config.sampling`` holds them)
+    defaults: ModelDefaults | None = None
 
     @functools.cached_property
     def inputs(self) -> list[str]:
@@ -87,6 +90,7 @@ class ModelSpec:
         service = Service(self.config, self.name, EngineClient(self.command, self.log_path),
                           chat_template=self.chat_template)  # fmt: skip
         service.backend_info = self.info()
+        service.adapters.model = self.path  # adapters loaded at run time are checked against it
         return service
 
     def info(self) -> dict[str, Any]:
@@ -107,6 +111,8 @@ def model_spec(
 ) -> ModelSpec:
     """The spec of the model [engine] describes, or ``model`` (named ``name``, or after its file)."""
     model = model or resolve_model(cfg.engine.model)
+    defaults = model_defaults(model.path, cfg)
+    cfg = cfg.model_copy(update={"sampling": defaults.sampling})
     spec = cfg.speculative
     mmproj = mmproj_path(cfg.engine.mmproj) if cfg.engine.mmproj else model.mmproj
     draft = resolve_model(spec.draft_model) if spec.mode == "draft" and spec.draft_model else None
@@ -141,7 +147,16 @@ def model_spec(
     # its file, as before several models could be served; [models.NAME] are named exactly.
     aliases = frozenset(ALIASES) if name is None else frozenset()
     return ModelSpec(name or model.id, cfg, model.path, backend, build, command, log_path, preload, aliases,
-                     mmproj, template_file(e.chat_template))  # fmt: skip
+                     mmproj, template_file(e.chat_template), defaults)  # fmt: skip
+
+
+def model_defaults(path: Path, cfg: Config) -> ModelDefaults:
+    """The sampling defaults of the model in ``path``: its GGUF's under ``cfg``'s."""
+    defaults = layer_defaults(catalog.facts_or_none(path).sampling, cfg.sampling)
+    if defaults.ignored:
+        log.info("%s: general.sampling keys not applied (no such sampler, or out of range): %s",
+                 path.name, ", ".join(f"{k}={v}" for k, v in defaults.ignored.items()))  # fmt: skip
+    return defaults
 
 
 def context_for(path: Path, n_ctx: int) -> int:

@@ -82,7 +82,7 @@ class Metrics:
         kv_usage: Callable[[], float] = lambda: 0.0,
         model_name: str = "",
         kv_cells: Callable[[], int] = lambda: 0,
-        lora_names: Sequence[str] = (),
+        lora_names: Callable[[], dict[int, str]] = dict,
         lora_in_flight: Callable[[], tuple[set[int], set[int]]] = lambda: (set(), set()),
     ) -> None:
         self.requests = Counter("strata_requests_total", "Completion requests received")
@@ -105,7 +105,7 @@ class Metrics:
         self.success: collections.Counter[str] = collections.Counter({"stop": 0, "length": 0})
         self.queue_depth, self.busy_slots, self.kv_usage = queue_depth, busy_slots, kv_usage
         self.model_name, self.kv_cells = model_name, kv_cells
-        self.lora_names, self.lora_in_flight = list(lora_names), lora_in_flight
+        self.lora_names, self.lora_in_flight = lora_names, lora_in_flight  # adapters by id, as they are now
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
 
@@ -158,11 +158,12 @@ class _Collector(Collector):
 def lora_labels(m: Metrics) -> dict[str, str]:
     """vLLM's labels of lora_requests_info: adapters by name, comma-separated."""
     running, waiting = m.lora_in_flight()
+    loaded = m.lora_names()
 
     def names(ids: set[int]) -> str:
-        return ",".join(m.lora_names[i] if i < len(m.lora_names) else str(i) for i in sorted(ids))
+        return ",".join(loaded.get(i, str(i)) for i in sorted(ids))
 
-    return {"max_lora": str(len(m.lora_names)), "running_lora_adapters": names(running),
+    return {"max_lora": str(len(loaded)), "running_lora_adapters": names(running),
             "waiting_lora_adapters": names(waiting)}  # fmt: skip
 
 

@@ -30,6 +30,7 @@ from strata_core.api.embeddings import normalized, token_inputs, with_specials
 from strata_core.api.infill import fim_prompt
 from strata_core.api.messages_input import arguments_object
 from strata_core.api.ollama_input import (
+    SAMPLING,
     Generation,
     OllamaChat,
     OllamaEmbed,
@@ -439,8 +440,17 @@ async def show(request: Request) -> dict[str, Any]:
         capabilities.append("insert")  # Ollama's name for generate's suffix (fill-in-the-middle)
     # the context a request's options.num_ctx may ask for (clients such as Continue read it here)
     n_ctx = entry.service.n_ctx if entry.service is not None else spec.config.engine.n_ctx
-    return {"modelfile": f"FROM {spec.path}\n", "parameters": f"num_ctx {n_ctx}", "template": template, "details": row["details"],
+    return {"modelfile": f"FROM {spec.path}\n", "parameters": parameters(spec, n_ctx), "template": template, "details": row["details"],
             "model_info": info, "capabilities": capabilities, "modified_at": row["modified_at"]}  # fmt: skip
+
+
+def parameters(spec: Any, n_ctx: int) -> str:
+    """A Modelfile's PARAMETER lines: the context, and the sampling defaults the model's
+    GGUF or the configuration set (Strata's own are left out, as Ollama leaves its own)."""
+    option = {field: name for name, field in SAMPLING.items()}
+    view = spec.defaults.view() if spec.defaults is not None else {}
+    own = [f"{option[k]} {v['value']}" for k, v in view.items() if v["source"] != "strata" and k in option]
+    return "\n".join([f"num_ctx {n_ctx}", *own])
 
 
 @router.delete("/api/delete", **route(OllamaModelName, "the model's files removed (Ollama)", {"type": "object"}, managing=True))

@@ -36,6 +36,13 @@ class Loaded:
         return self.service is None or self.service.engine.in_flight == 0
 
 
+def adapter_names(m: Loaded) -> set[str]:
+    """The names of a model's LoRA adapters: its engine's, else (not loaded) the configured ones."""
+    if m.service is not None:
+        return {a["name"] for a in m.service.adapters.listing()}
+    return {a.label() for a in m.spec.config.engine.lora}
+
+
 class ModelPool:
     def __init__(
         self, specs: Sequence[ModelSpec], max_loaded: int = 0, idle_ttl_s: float = 0.0,
@@ -78,6 +85,9 @@ class ModelPool:
             return self.models[model]
         for m in self.models.values():
             if model.lower() in m.spec.aliases:
+                return m
+        for m in self.models.values():  # an adapter's name: its base model runs it
+            if model in adapter_names(m):
                 return m
         if self.source is not None:
             found = catalog.find(model, self.refresh())

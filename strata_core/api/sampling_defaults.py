@@ -13,6 +13,7 @@ a penalty without a window uses :data:`DEFAULT_PENALTY_LAST_N`.
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
 from strata_core.contract.options import GenOptions, SamplingParams
@@ -97,3 +98,55 @@ def check_defaults(defaults: SamplingConfig) -> None:
                     f"[sampling] penalty_last_n = 0 turns the penalties off, but {field} = "
                     f"{value} is set (remove {field}, or set penalty_last_n >= 1)"
                 )
+
+
+# ---- the layers of a model's defaults -------------------------------------------------
+
+#: The GGUF ``general.sampling.*`` keys Strata applies (llama.cpp applies these too, with
+#: ``sequence``, ``xtc_*`` and ``mirostat*``, samplers Strata lacks), and the field each sets.
+GGUF_SAMPLING = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+                 "penalty_last_n": "penalty_last_n", "penalty_repeat": "repetition_penalty"}  # fmt: skip
+
+#: What each default is when nothing sets it (None: no limit).
+STRATA_DEFAULTS: dict[str, Any] = {
+    "temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
+    "frequency_penalty": 0.0, "presence_penalty": 0.0, "penalty_last_n": DEFAULT_PENALTY_LAST_N, "max_tokens": None,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ModelDefaults:
+    """A model's sampling defaults, lowest layer first: Strata's, its GGUF's, the
+    configuration's ([sampling] with [models.NAME.sampling] over it)."""
+
+    sampling: SamplingConfig  # what a request leaves out takes from here
+    sources: dict[str, str]  # field -> "strata", "gguf" or "config"
+    ignored: dict[str, Any]  # GGUF keys Strata does not apply, or whose value is out of range
+
+    def view(self) -> dict[str, dict[str, Any]]:
+        """Each default's value and where it came from (/v1/models, ``strata doctor``)."""
+        return {name: {"value": _or(getattr(self.sampling, name), default), "source": self.sources[name]}
+                for name, default in STRATA_DEFAULTS.items()}  # fmt: skip
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def layer_defaults(gguf: dict[str, Any], config: SamplingConfig) -> ModelDefaults:
+    """The defaults of a model whose GGUF says ``gguf`` (``general.sampling.`` stripped),
+    under the configuration's ``config``: a key the configuration sets wins."""
+    from_gguf: dict[str, Any] = {}
+    ignored: dict[str, Any] = {}
+    for key, value in gguf.items():
+        name = GGUF_SAMPLING.get(key)
+        try:
+            if name is None:
+                raise ValueError(key)
+            from_gguf[name] = getattr(SamplingConfig.model_validate({name: value}), name)
+        except ValueError:  # pydantic's ValidationError is one
+            ignored[key] = value
+    configured = {n for n in STRATA_DEFAULTS if getattr(config, n) is not None}
+    merged = config.model_copy(update={n: v for n, v in from_gguf.items() if n not in configured})
+    sources = {n: "config" if n in configured else "gguf" if n in from_gguf else "strata" for n in STRATA_DEFAULTS}
+    return ModelDefaults(merged, sources, ignored)

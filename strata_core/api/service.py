@@ -22,6 +22,7 @@ from fastapi import Request
 from strata_core.api.choice_options import ChoiceOptions
 from strata_core.api.constraints import ToolGrammars, constrain, grammar_refused
 from strata_core.api.limits import queue_full, read_json
+from strata_core.api.lora import LoraAdapters
 from strata_core.api.metrics import Metrics
 from strata_core.api.prompts import ChatPrompts, tool_setup
 from strata_core.api.sampling_defaults import resolve_seed
@@ -152,9 +153,12 @@ class Service:
     choice_options: ChoiceOptions = field(init=False)
     #: the grammars of forced tool calls (constraints.py)
     tool_grammars: ToolGrammars = field(init=False)
+    #: its LoRA adapters by name (lora.py)
+    adapters: LoraAdapters = field(init=False)
 
     def __post_init__(self) -> None:
-        self.choice_options = ChoiceOptions(self.engine, self.config)
+        self.adapters = LoraAdapters(self.engine, self.config.engine.lora)
+        self.choice_options = ChoiceOptions(self.engine, self.config, self.adapters)
         self.tool_grammars = ToolGrammars(self.engine, self.config)
         self.metrics = Metrics(
             queue_depth=lambda: max(0, self.engine.in_flight - self.slots),
@@ -163,7 +167,7 @@ class Service:
             kv_usage=self.engine.kv_usage,
             model_name=self.model_id,
             kv_cells=self.engine.kv_cells,
-            lora_names=[a.label() for a in self.config.engine.lora],
+            lora_names=lambda: {a["id"]: a["name"] for a in self.adapters.listing()},
             lora_in_flight=self.engine.lora_in_flight,
         )
 

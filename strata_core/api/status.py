@@ -18,22 +18,30 @@ def pool_of(request: Request) -> ModelPool:
 
 
 def lora_adapters(entry: Any) -> list[dict[str, Any]]:
-    """The configured adapters of a pool entry, in id order."""
+    """A pool entry's adapters in id order: its engine's, else (not loaded) the configured ones."""
+    if entry.service is not None:
+        return entry.service.adapters.listing()  # type: ignore[no-any-return]
     adapters = entry.spec.config.engine.lora
     return [{"id": i, "name": a.label(), "path": a.path, "scale": a.scale} for i, a in enumerate(adapters)]
 
 
 def model_card(name: str, entry: Any) -> dict[str, Any]:
-    """A served model as /v1/models lists it: the inputs it takes, its LoRA adapters."""
+    """A served model as /v1/models lists it: the inputs it takes, its LoRA adapters, and
+    (``strata``) its sampling defaults with where each came from."""
     adapters = lora_adapters(entry)
+    defaults = entry.spec.defaults
     return {"id": name, "object": "model", "created": 0, "owned_by": "strata", "inputs": entry.spec.inputs,
-            **({"lora_adapters": adapters} if adapters else {})}  # fmt: skip
+            **({"lora_adapters": adapters} if adapters else {}),
+            **({"strata": {"sampling_defaults": defaults.view()}} if defaults else {})}  # fmt: skip
 
 
 @router.get("/v1/models")
 async def models(request: Request) -> dict[str, Any]:
     pool = pool_of(request)
-    return {"object": "list", "data": [model_card(name, pool.models[name]) for name in pool.names()]}
+    cards = [model_card(name, pool.models[name]) for name in pool.names()]
+    adapters = [{"id": a["name"], "object": "model", "created": 0, "owned_by": "strata", "root": a["path"],
+                 "parent": card["id"]} for card in cards for a in card.get("lora_adapters", ())]  # vLLM's adapter cards
+    return {"object": "list", "data": cards + adapters}
 
 
 @router.get("/lora-adapters")

@@ -288,7 +288,9 @@ class EngineClient:
                     self.start_error = ev.message
         elif isinstance(ev, proto.Warn):
             log.warning("engine: %s %s", ev.rid or "-", ev.message)
-        elif isinstance(ev, (proto.Tokens, proto.MediaTokens, proto.Vocab, proto.Embedding, proto.SlotInfo)):
+        elif isinstance(ev, (proto.Tokens, proto.MediaTokens, proto.Vocab, proto.Embedding, proto.SlotInfo, proto.Adapters)):
+            if isinstance(ev, proto.Adapters):  # what READY said of them, as they are now
+                self.info["lora"] = [{"id": a.id, "path": a.path, "scale": a.scale} for a in ev.adapters]
             fut = self._replies.pop(ev.rid, None)
             if fut is not None and not fut.done():
                 fut.set_result(ev)
@@ -345,7 +347,8 @@ class EngineClient:
                 pass
 
     async def _ask(
-        self, cmd: proto.Tokenize | proto.MediaTokenize | proto.VocabRequest | proto.Embed | proto.SlotCommand
+        self,
+        cmd: proto.Tokenize | proto.MediaTokenize | proto.VocabRequest | proto.Embed | proto.SlotCommand | proto.LoraCommand,
     ) -> Any:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._replies[cmd.rid] = fut
@@ -380,6 +383,19 @@ class EngineClient:
         ``save``, ``restore`` or ``erase`` did; EngineRefused says why not."""
         ev = await self._ask(proto.SlotCommand(self.new_rid("s"), action, slot, path))
         return ev.info
+
+    async def lora(self, op: str, arg: Any) -> None:
+        """Change the engine's LoRA adapters (op load: a path; unload: an id; scales: id ->
+        default scale); ``info["lora"]`` lists them after. EngineRefused says why not."""
+        rid = self.new_rid("l")
+        cmd: proto.LoraCommand
+        if op == "load":
+            cmd = proto.LoraLoad(rid, arg)
+        elif op == "unload":
+            cmd = proto.LoraUnload(rid, arg)
+        else:
+            cmd = proto.LoraScales(rid, tuple(arg.items()))
+        await self._ask(cmd)
 
     @property
     def in_flight(self) -> int:

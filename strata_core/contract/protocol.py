@@ -39,6 +39,10 @@ What the design leaves open is settled here:
   tokens and KV), read back from one, or dropped; answered ``SLOTINFO <rid> <json>`` (or
   ``ERR <rid>``: a slot that does not exist or is busy, a file llama.cpp cannot read).
 * ``READY`` and ``SLOTINFO`` carry JSON, written compactly (``ensure_ascii``, so one ASCII line).
+* ``LORA <rid> load <b64 path>`` loads a LoRA adapter GGUF (at default scale 0), ``LORA
+  <rid> unload <id>`` frees one, ``LORA <rid> scales <id>:<scale>,...`` (or ``-``) sets the
+  default scales (an adapter left out: 0); each is answered ``ADAPTERS <rid> <id>:<scale>:
+  <b64 path> ...``, the adapters loaded after it, or ``ERR <rid>``.
 * A GEN value that is free text (a grammar) travels as base64 of its UTF-8 bytes behind a
   ``<kind>:`` tag, so spaces, line breaks, ``=`` and non-ASCII round-trip:
   :func:`encode_grammar` / :func:`parse_grammar`. ``grammar`` is ``json_object`` or
@@ -135,11 +139,30 @@ SLOT_ACTIONS = {"list": (False, False), "save": (True, True), "restore": (True, 
 
 
 @dataclass(frozen=True, slots=True)
+class LoraLoad:
+    rid: str
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class LoraUnload:
+    rid: str
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class LoraScales:
+    rid: str
+    scales: tuple[tuple[int, float], ...]  # (adapter id, default scale); left out: 0
+
+
+@dataclass(frozen=True, slots=True)
 class Quit:
     pass
 
 
-Command: TypeAlias = Gen | Cancel | Tokenize | MediaTokenize | VocabRequest | Embed | SlotCommand | Quit
+LoraCommand: TypeAlias = LoraLoad | LoraUnload | LoraScales
+Command: TypeAlias = Gen | Cancel | Tokenize | MediaTokenize | VocabRequest | Embed | SlotCommand | LoraCommand | Quit
 
 # --- events, engine -> server ------------------------------------------------------------
 
@@ -208,6 +231,19 @@ class SlotInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class LoraAdapter:
+    id: int
+    scale: float  # what a request without scales of its own gets
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class Adapters:
+    rid: str
+    adapters: tuple[LoraAdapter, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Error:
     rid: str | None
     message: str
@@ -220,7 +256,7 @@ class Warn:
 
 
 Event: TypeAlias = (
-    Ready | Token | Logprob | Done | Tokens | MediaTokens | Vocab | Embedding | SlotInfo | Error | Warn
+    Ready | Token | Logprob | Done | Tokens | MediaTokens | Vocab | Embedding | SlotInfo | Adapters | Error | Warn
 )
 
 # --- fields: each checker returns the value or raises ProtocolError(what was wrong) -------
@@ -454,6 +490,9 @@ def _encode_event(ev: Event) -> str:
         return f"VOCAB {_rid(ev.rid)} {_b64(_pack_pieces(ev.pieces))}"
     if isinstance(ev, Embedding):
         return f"EMBEDDING {_rid(ev.rid)} {_b64(_pack_floats(ev.vector))}"
+    if isinstance(ev, Adapters):
+        items = [f"{_tid(a.id)}:{_scale(a.scale)}:{_b64(a.path.encode('utf-8'))}" for a in ev.adapters]
+        return " ".join(["ADAPTERS", _rid(ev.rid), *items])
     if isinstance(ev, (Error, Warn)):
         verb = "ERR" if isinstance(ev, Error) else "WARN"
         rid = "-" if ev.rid is None else _rid(ev.rid)
@@ -489,6 +528,13 @@ def _encode_command(cmd: Command) -> str:
         slot = f" {_uint(str(cmd.slot))}" if takes_slot else ""
         path = f" {_b64(cmd.path.encode('utf-8'))}" if takes_path else ""
         return f"SLOT {_rid(cmd.rid)} {cmd.action}{slot}{path}"
+    if isinstance(cmd, LoraLoad):
+        return f"LORA {_rid(cmd.rid)} load {_b64(cmd.path.encode('utf-8'))}"
+    if isinstance(cmd, LoraUnload):
+        return f"LORA {_rid(cmd.rid)} unload {_tid(cmd.id)}"
+    if isinstance(cmd, LoraScales):
+        scales = ",".join(f"{_tid(i)}:{_scale(v)}" for i, v in cmd.scales)
+        return f"LORA {_rid(cmd.rid)} scales {scales or _EMPTY_B64}"
     if isinstance(cmd, Quit):
         return "QUIT"
     raise ProtocolError("not a command")
@@ -551,6 +597,56 @@ def _parse_embedding(line: str, parts: list[str]) -> Embedding:
     return Embedding(_rid(parts[1]), _unpack_floats(_unb64(parts[2])))
 
 
+def _scale(x: float) -> str:
+    value = float(x)
+    if not math.isfinite(value):
+        raise ProtocolError(f"bad LoRA scale {value!r} (expected a finite float)")
+    return repr(value)
+
+
+def _parse_scale(s: str) -> float:
+    try:
+        value = float(s)
+    except ValueError:
+        value = math.nan
+    if not (s.isascii() and math.isfinite(value)):
+        raise ProtocolError(f"bad LoRA scale {s[:40]!r} (expected a finite float)")
+    return value
+
+
+def _parse_adapters(line: str, parts: list[str]) -> Adapters:
+    _fields(parts, 2, "ADAPTERS <rid> [<id>:<scale>:<b64 path> ...]", at_least=True)
+    out = []
+    for item in parts[2:]:
+        fields = item.split(":")
+        if len(fields) != 3:
+            raise ProtocolError(f"bad adapter {_clip(item)!r} (expected <id>:<scale>:<b64 path>)")
+        try:
+            path = _unb64(fields[2]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolError("an adapter's path is not UTF-8") from None
+        out.append(LoraAdapter(_uint(fields[0]), _parse_scale(fields[1]), path))
+    return Adapters(_rid(parts[1]), tuple(out))
+
+
+def _parse_lora(parts: list[str]) -> LoraCommand:
+    _fields(parts, 4, "LORA <rid> load <b64 path> | unload <id> | scales <id>:<scale>,...")
+    rid, op, arg = _rid(parts[1]), parts[2], parts[3]
+    if op == "load":
+        try:
+            return LoraLoad(rid, _unb64(arg).decode("utf-8"))
+        except UnicodeDecodeError:
+            raise ProtocolError("LORA load's path is not UTF-8") from None
+    if op == "unload":
+        return LoraUnload(rid, _uint(arg))
+    if op == "scales":
+        pairs = [] if arg == _EMPTY_B64 else [p.partition(":") for p in arg.split(",")]
+        if any(not sep for _, sep, _ in pairs):
+            raise ProtocolError(f"bad LORA scales {_clip(arg)!r} (expected <id>:<scale>,... or -)")
+        return LoraScales(rid, tuple((_uint(i), _parse_scale(v)) for i, _, v in pairs))
+    raise ProtocolError(f"bad LORA operation {op[:20]!r} (expected load, unload or scales)")
+
+
 def _parse_message(line: str, parts: list[str]) -> Error | Warn:
     verb, _, rest = _strip_eol(line).partition(" ")
     rid, _, message = rest.partition(" ")
@@ -590,6 +686,7 @@ _EVENT_PARSERS: dict[str, Callable[[str, list[str]], Event]] = {
     "MTOKENS": _parse_media_tokens,
     "VOCAB": _parse_vocab,
     "EMBEDDING": _parse_embedding,
+    "ADAPTERS": _parse_adapters,
     "ERR": _parse_message,
     "WARN": _parse_message,
     "READY": _parse_ready,
@@ -691,11 +788,13 @@ def parse_command(line: str) -> Command:
             return Embed(_rid(parts[1]), _uints(parts[2:]))
         if verb == "SLOT":
             return _parse_slot(parts)
+        if verb == "LORA":
+            return _parse_lora(parts)
         if verb == "QUIT":
             _fields(parts, 1, "QUIT")
             return Quit()
         raise ProtocolError(
-            f"unknown command {verb[:20]!r} (expected GEN, CANCEL, TOKENIZE, MTOKENIZE, VOCAB, EMBED, SLOT, QUIT)"
+            f"unknown command {verb[:20]!r} (expected GEN, CANCEL, TOKENIZE, MTOKENIZE, VOCAB, EMBED, SLOT, LORA, QUIT)"
         )
     except (ValueError, RecursionError) as exc:
         raise ProtocolError(f"{exc} in line {_clip(_strip_eol(line))!r}") from None

@@ -213,7 +213,7 @@ def ready(args: argparse.Namespace, llama: Any, drafter: Any, projector: Any) ->
             "device_sampling": llama.device_greedy,
             "split": llama.split,
             "kv_cache": llama.kv_cache,
-            "lora": [{"id": i, "path": p, "scale": llama.lora_scales[i]} for i, p in enumerate(args.lora)],
+            "lora": [{"id": i, "path": llama.lora_paths[i], "scale": llama.lora_scales[i]} for i in llama.lora_loaded()],
             "capabilities": CAPABILITIES + (["spec_draft"] if drafter else [])
             + (["embeddings"] if llama.pooling != "rank" else ["rerank"]),
             "inputs": projector.inputs if projector else ["text"],
@@ -256,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                 running = commands.handle(q.get_nowait()) and running
         except queue.Empty:
             pass
+        commands.adapters.settle()  # new default LoRA scales, once the requests under the old ones end
         try:
             engine.step()
         except Exception as exc:  # a failed decode ends the requests in it, not the engine

@@ -1,6 +1,6 @@
 """What each protocol command does to the engine (GEN starts a request, CANCEL ends one,
-EMBED, VOCAB, TOKENIZE answer at once, SLOT acts on a slot: slots.py); the process's loop (``__main__``) applies them
-between steps."""
+EMBED, VOCAB, TOKENIZE answer at once, SLOT acts on a slot: slots.py, LORA changes the
+adapters: adapters.py); the process's loop (``__main__``) applies them between steps."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 
 from strata_core.contract import protocol as proto
 from strata_core.contract.options import GenOptions
+from strata_core.engine.adapters import Adapters
 from strata_core.engine.budget import ThinkBudget
 from strata_core.engine.emitter import Emit
 from strata_core.engine.grammar import Grammars
@@ -33,6 +34,7 @@ class Commands:
         self.eog = frozenset(llama.facts()["eog"])
         self.grammars = Grammars(lambda: llama.grammar_tokenizer(sorted(self.eog)), llama.n_vocab)
         self.warned: set[str] = set()
+        self.adapters = Adapters(llama, engine)
 
     def handle(self, cmd: Any) -> bool:
         """Apply one command; False once QUIT was seen."""
@@ -44,6 +46,8 @@ class Commands:
             self.engine.cancel(cmd.rid)
         elif isinstance(cmd, proto.Embed):
             self.embed(cmd)
+        elif isinstance(cmd, proto.LoraLoad | proto.LoraUnload | proto.LoraScales):
+            self.emit(self.adapters.handle(cmd))
         elif isinstance(cmd, proto.VocabRequest):
             pieces = tuple(self.llama.piece(t) for t in range(self.llama.n_vocab))
             self.emit(proto.Vocab(cmd.rid, pieces))
@@ -106,12 +110,11 @@ class Commands:
             grammar = self.grammars.matcher(opts.grammar) if opts.grammar is not None else None
         except ValueError as exc:
             return fail(str(exc))
-        lora = None
-        if opts.lora:  # other adapter scales than the configured ones: decoded apart, no shared cache
-            if max(opts.lora) >= len(llama.lora_scales):
-                return fail(f"lora names adapter {max(opts.lora)}; this engine has {len(llama.lora_scales)}")
-            lora = tuple(opts.lora.get(i, 0.0) for i in range(len(llama.lora_scales)))
-            lora = None if lora == llama.lora_scales else lora
+        unknown = sorted(set(opts.lora) - set(llama.lora_loaded()))
+        if unknown:
+            return fail(f"lora names adapter {unknown[0]}; this engine has {llama.lora_loaded() or 'none'} loaded")
+        # other adapter scales than the defaults in force: decoded apart, no shared cache
+        lora = self.adapters.own_scales(dict(opts.lora or {}))
         budget = None
         if opts.think_budget is not None:  # forced tokens: no speculative windows for it
             budget = ThinkBudget(opts.think_budget, opts.think_close, llama.piece, opts.think_open)

@@ -195,26 +195,46 @@ class Llama:
     # ---- LoRA adapters ----------------------------------------------------------------
 
     def _load_loras(self, loras: tuple[tuple[str, float], ...]) -> None:
-        self._loras: list[Any] = []
-        for path, _ in loras:
-            adapter = ll.llama_adapter_lora_init(self.model, path.encode())
-            if not adapter:
-                raise LlamaError(f"llama.cpp could not load the LoRA adapter {path} (for this model? the engine's log says why)")
-            self._loras.append(adapter)
+        self._loras: list[Any] = []  # by id; None where one was unloaded (ids stay put)
+        self.lora_paths: list[str] = []  # by id
         #: each adapter's default scale, what a request without its own scales gets
-        self.lora_scales = tuple(scale for _, scale in loras)
+        self.lora_scales: tuple[float, ...] = ()
         self._lora_now: tuple[float, ...] = ()  # the context has no adapters set yet
+        for path, scale in loras:
+            self.load_lora(path, scale)
         self.use_lora(None)
+
+    def load_lora(self, path: str, scale: float = 0.0) -> int:
+        """Load an adapter at default ``scale`` (0: no request gets it unasked); its id."""
+        adapter = ll.llama_adapter_lora_init(self.model, path.encode())
+        if not adapter:
+            raise LlamaError(f"llama.cpp could not load the LoRA adapter {path} (for this model? the engine's log says why)")
+        self._loras.append(adapter)
+        self.lora_paths.append(path)
+        self.lora_scales = (*self.lora_scales, scale)
+        return len(self._loras) - 1
+
+    def free_lora(self, i: int) -> None:
+        """Unload adapter ``i``: out of the context first, then freed; its id is not reused."""
+        adapter, self._loras[i] = self._loras[i], None
+        self.lora_scales = tuple(0.0 if j == i else v for j, v in enumerate(self.lora_scales))
+        self._lora_now = ()  # set again without it before anything decodes
+        self.use_lora(self.lora_scales)
+        ll.llama_adapter_lora_free(adapter)
+
+    def lora_loaded(self) -> list[int]:
+        return [i for i, a in enumerate(self._loras) if a is not None]
 
     def use_lora(self, scales: tuple[float, ...] | None) -> None:
         """Apply the adapters at ``scales`` (None: their default scales) to the decodes that
         follow; llama.cpp applies adapters per context, so requests with other scales must
-        decode in calls of their own."""
+        decode in calls of their own. Adapters loaded after ``scales`` was made get 0."""
         scales = self.lora_scales if scales is None else scales
+        scales = (*scales, *(0.0,) * (len(self._loras) - len(scales)))
         if scales == self._lora_now or not self._loras:
             return
         # an adapter at scale 0 is left out, so the graph is the base model's own
-        on = [(a, v) for a, v in zip(self._loras, scales, strict=True) if v != 0.0]
+        on = [(a, v) for a, v in zip(self._loras, scales, strict=True) if v != 0.0 and a is not None]
         adapters = (ll.llama_adapter_lora_p_ctypes * max(len(on), 1))(*(a for a, _ in on))
         values = (ctypes.c_float * max(len(on), 1))(*(v for _, v in on))
         if ll.llama_set_adapters_lora(self.ctx, adapters, len(on), values) != 0:

@@ -66,6 +66,9 @@ class SavedPrompts:
         while self.size > self.capacity:
             self._drop(self.entries[0])
 
+    def clear(self) -> None:
+        self.entries, self.size = [], 0
+
     def _drop(self, entry: Saved) -> None:
         self.entries.remove(entry)
         self.size -= _nbytes(entry)

@@ -1,6 +1,7 @@
 """The models on this machine: every GGUF in the hub's cache (what ``strata pull`` and
 ``hf:`` references fetched, and other tools' downloads), named ``OWNER/REPO:QUANT``, with
-the facts its GGUF metadata gives (architecture, trained context, chat template).
+the facts its GGUF metadata gives (architecture, trained context, chat template, the
+maker's sampling defaults).
 
 ``strata models`` lists and removes them; ``[server] catalog = true`` serves them all,
 each loaded on its first request.
@@ -10,13 +11,15 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from strata_core.ops import hub
 
 #: Prefixes Ollama clients put before a hub repository's name.
 HOST_PREFIXES = ("hf.co/", "huggingface.co/")
+#: Where a GGUF keeps its maker's sampling defaults (llama.cpp's LLM_KV_GENERAL_SAMPLING_*).
+SAMPLING_PREFIX = "general.sampling."
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,8 @@ class GgufFacts:
     file_type: str | None  # e.g. Q4_K_M, from general.file_type
     name: str | None
     parameters: int | None = None  # weights, counted over the tensors
+    #: the maker's sampling defaults: ``general.sampling.<key>`` as key -> value
+    sampling: dict[str, float | int | str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,8 @@ def _facts(path: Path, size: int, mtime_ns: int) -> GgufFacts:
         file_type = None
     template = value("tokenizer.chat_template")
     name = value("general.name")
+    sampling = {k.removeprefix(SAMPLING_PREFIX): _shortest(v) for k in reader.fields
+                if k.startswith(SAMPLING_PREFIX) and isinstance(v := value(k), int | float | str)}  # fmt: skip
     return GgufFacts(
         arch if isinstance(arch, str) else None,
         int(ctx) if isinstance(ctx, int) else None,
@@ -78,7 +85,17 @@ def _facts(path: Path, size: int, mtime_ns: int) -> GgufFacts:
         file_type,
         name if isinstance(name, str) else None,
         sum(int(t.n_elements) for t in reader.tensors) or None,
+        sampling,
     )
+
+
+def _shortest(value: float | int | str) -> float | int | str:
+    """A float32 value as the shortest decimal that is that float32 (0.7, not 0.699999988)."""
+    if not isinstance(value, float):
+        return value
+    import numpy as np
+
+    return float(np.format_float_positional(np.float32(value), unique=True))
 
 
 def facts_or_none(path: Path) -> GgufFacts:

@@ -153,9 +153,26 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"model: {m.id} ({m.path})")
         mmproj = mmproj_path(cfg.engine.mmproj) if cfg.engine.mmproj else None
         print(f"  inputs: {', '.join(projector_inputs(mmproj))}" + (f" (projector {mmproj})" if mmproj else ""))
+        _doctor_sampling(m.path, cfg)
+        for name in cfg.models:
+            one = cfg.for_model(name)
+            if not one.engine.model.startswith("hf:"):
+                print(f"model {name}: {one.engine.model}")
+                _doctor_sampling(resolve_model(one.engine.model).path, one)
     except ModelError as exc:
         print(f"model: {exc}")
     return 0
+
+
+def _doctor_sampling(path: Path, cfg: Config) -> None:
+    """A model's sampling defaults, each with where it came from (strata, gguf, config)."""
+    from strata_core.api.launch import model_defaults
+
+    defaults = model_defaults(path, cfg)
+    shown = ", ".join(f"{k}={v['value']} ({v['source']})" for k, v in defaults.view().items())
+    print(f"  sampling defaults: {shown}")
+    if defaults.ignored:
+        print(f"  not applied from the GGUF: {', '.join(f'{k}={v}' for k, v in defaults.ignored.items())}")
 
 
 def _doctor_template(path: str) -> int:
@@ -255,7 +272,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cfg = _config(args)
     if warning := exposure_warning(cfg):
         print(warning, file=sys.stderr, flush=True)
-    check_defaults(cfg.sampling)
+    for sampling in [cfg.sampling, *(cfg.for_model(name).sampling for name in cfg.models)]:
+        check_defaults(sampling)
     tls = tls_options(cfg.server)
     host, port = cfg.server.host, cfg.server.port
     log_path = engine_log_path(args, port)

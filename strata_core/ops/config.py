@@ -67,6 +67,9 @@ class ServerConfig(_Section):
     #: Serve every model in the hub's cache too (``strata models``; pulled ones included),
     #: each loaded on its first request, under max_loaded and idle_ttl_s.
     catalog: bool = False
+    #: Let clients load and unload LoRA adapters by path (vLLM's /v1/load_lora_adapter,
+    #: /v1/unload_lora_adapter): off, they answer 403, as vLLM keeps them off by default.
+    lora_loading: bool = False
     #: Most media items (images, audio clips) one request may carry.
     max_media_per_request: int = Field(default=8, ge=0)
     #: Whether image and audio parts may name an http(s) URL the server fetches; off, only
@@ -329,7 +332,7 @@ class SpeculativeConfig(_Section):
 class ModelConfig(_Section):
     """One model of a server serving several (``[models.NAME]``; clients name it NAME):
     its own engine process. A key left out is [engine]'s; ``speculative`` replaces the
-    [speculative] table for this model."""
+    [speculative] table for this model, ``sampling`` sets keys of [sampling] for it."""
 
     path: str = Field(min_length=1)  # a GGUF path, an alias, or hf:OWNER/REPO[:QUANT][@REVISION]
     backend: str | None = None
@@ -345,6 +348,8 @@ class ModelConfig(_Section):
     _lora_names = field_validator("lora")(_unique_names)
     #: false: the engine starts on the model's first request instead of with the server.
     preload: bool = True
+    #: sampling defaults of this model's own, each over [sampling]'s (``[models.NAME.sampling]``)
+    sampling: SamplingConfig | None = None
 
     @field_validator("parallel", mode="before")
     @classmethod
@@ -419,6 +424,9 @@ class Config(_Section):
         out = self.model_copy(update={"engine": self.engine.model_copy(update=update), "models": {}})
         if m.speculative is not None:
             out = out.model_copy(update={"speculative": m.speculative})
+        if m.sampling is not None:  # key by key: what the model's table leaves out is [sampling]'s
+            own = m.sampling.model_dump(exclude_unset=True)
+            out = out.model_copy(update={"sampling": self.sampling.model_copy(update=own)})
         return out
 
 

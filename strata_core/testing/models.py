@@ -78,11 +78,18 @@ def write_tokenizer(src: Path, dst: Path, extra_tokens: int = 0) -> None:
 
 
 def write_random(
-    tokenizer: Path, dst: Path, shape: Shape, seed: int = 0, n_ctx: int = 8192, fim: dict[str, int] | None = None
+    tokenizer: Path,
+    dst: Path,
+    shape: Shape,
+    seed: int = 0,
+    n_ctx: int = 8192,
+    fim: dict[str, int] | None = None,
+    sampling: dict[str, float] | None = None,
 ) -> None:
     """A Llama of ``shape`` with random F16 weights and ``tokenizer``'s vocabulary; ``fim``
     names tokens of it as the fill-in-the-middle markers (``{"pre": id, "suf": .., "mid":
-    .., "rep": .., "sep": ..}``), as a code model's GGUF does."""
+    .., "rep": .., "sep": ..}``), as a code model's GGUF does; ``sampling`` is its maker's
+    defaults (``general.sampling.<key>``: temp, top_k, ...)."""
     reader = gguf.GGUFReader(tokenizer)
     n_vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     writer = gguf.GGUFWriter(dst, "llama")
@@ -101,6 +108,9 @@ def write_random(
     _copy_fields(reader, writer, ["tokenizer."])
     for role, token in (fim or {}).items():
         writer.add_uint32(f"tokenizer.ggml.fim_{role}_token_id", token)
+    for key, value in (sampling or {}).items():  # llama.cpp's LLM_KV_GENERAL_SAMPLING_*
+        vtype = gguf.GGUFValueType.INT32 if isinstance(value, int) else gguf.GGUFValueType.FLOAT32
+        writer.add_key_value(f"general.sampling.{key}", value, vtype)
     rng = np.random.default_rng(seed)
     hd = shape.n_embd // shape.n_head
     e, kv, ff = shape.n_embd, shape.n_head_kv * hd, shape.n_ff
