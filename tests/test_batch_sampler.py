@@ -7,6 +7,8 @@ must fail alone, with sample's message.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -15,6 +17,7 @@ from hypothesis import strategies as st
 from strata_core.contract.options import SamplingParams
 from strata_core.engine.batch_sampler import Row, sample_rows
 from strata_core.engine.sampler import sample
+from strata_core.engine.stages import SamplerState
 
 VOCAB = 1200  # above the lazy walk's first block (256), so top_p and draws widen it
 
@@ -33,7 +36,32 @@ def _params(draw: st.DrawFn, vocab: int) -> SamplingParams:
         seed=draw(st.integers(0, 2**64 - 1)),
         bias=draw(st.dictionaries(ids, st.sampled_from([-np.inf, -3.0, 0.5, 9.0]), max_size=4)),
         allowed=draw(st.none() | st.lists(ids, min_size=1, max_size=30).map(tuple)),
+        **(draw(_further()) if draw(st.booleans()) else {}),
     )
+
+
+@st.composite
+def _further(draw: st.DrawFn) -> dict[str, object]:
+    """llama.cpp's further stages (each off in some draws) and an order of its own."""
+    return {
+        "typical_p": draw(st.sampled_from([1.0, 0.9, 0.3])),
+        "top_n_sigma": draw(st.sampled_from([-1.0, 0.5, 2.0])),
+        "xtc_probability": draw(st.sampled_from([0.0, 0.5, 1.0])),
+        "xtc_threshold": draw(st.sampled_from([0.1, 0.01, 0.6])),
+        "dry_multiplier": draw(st.sampled_from([0.0, 0.8, 3.0])),
+        "dry_base": draw(st.sampled_from([1.75, 1.0, 3.0])),
+        "dry_allowed_length": draw(st.sampled_from([0, 1, 2])),
+        "dry_penalty_last_n": draw(st.sampled_from([64, 8, -1, 0])),
+        "dynatemp_range": draw(st.sampled_from([0.0, 0.5, 3.0])),
+        "dynatemp_exponent": draw(st.sampled_from([1.0, 0.5, 2.0])),
+        "mirostat": draw(st.sampled_from([0, 0, 1, 2])),
+        "mirostat_tau": draw(st.sampled_from([5.0, 1.0])),
+        "mirostat_eta": draw(st.sampled_from([0.1, 0.5])),
+        "adaptive_target": draw(st.sampled_from([-1.0, 0.3, 0.9])),
+        "adaptive_decay": draw(st.sampled_from([0.9, 0.0])),
+        "min_keep": draw(st.sampled_from([0, 1, 3, 50])),
+        "samplers": draw(st.none() | st.lists(st.sampled_from("edskympxta"), max_size=10).map("".join)),
+    }
 
 
 @st.composite
@@ -54,13 +82,16 @@ def steps(draw: st.DrawFn) -> tuple[np.ndarray, list[Row]]:
         mask = None
         if draw(st.booleans()):
             mask = rng.random(VOCAB) < draw(st.sampled_from([0.0, 0.002, 0.3, 1.0]))
-        rows.append(Row(params, history, draw(st.integers(0, 5000)), draw(st.integers(0, 3)), mask))
+        if draw(st.integers(0, 3)) == 0:  # repeats for DRY to find
+            history += history[-draw(st.integers(1, 10)) :] * 3
+        state = SamplerState(breakers={int(history[0]): ((),)} if history else {}, mu=draw(st.none() | st.just(3.0)))
+        rows.append(Row(params, history, draw(st.integers(0, 5000)), draw(st.integers(0, 3)), mask, state))
     return x, rows
 
 
 def _one(logits: np.ndarray, r: Row) -> int | str:
     try:
-        return sample(logits, r.params, r.history, r.position, r.stream, r.mask)
+        return sample(logits, r.params, r.history, r.position, r.stream, r.mask, copy.deepcopy(r.state))
     except ValueError as exc:
         return str(exc)
 
@@ -73,7 +104,7 @@ def test_batched_rows_are_the_per_row_tokens(step: tuple[np.ndarray, list[Row]])
 
 def _per_row(x: np.ndarray, rows: list[Row]) -> None:
     """The batch's token (or error) for each row is sample's for that row alone."""
-    out = sample_rows(x, rows)
+    out = sample_rows(x, [r._replace(state=copy.deepcopy(r.state)) for r in rows])
     got = [out.errors[i] if i in out.errors else int(out.tokens[i]) for i in range(len(rows))]
     assert got == [_one(x[i], r) for i, r in enumerate(rows)]
 
