@@ -72,6 +72,7 @@ def gen_options(req: BaseRequest, defaults: SamplingConfig, *, seed: int, max_to
         kw["bias"] = bias
     if req.allowed_token_ids is not None:
         kw["allowed"] = tuple(req.allowed_token_ids)
+    kw.update(req.llama_sampling(defaults, sampled=bool(temperature)))
     alternatives = req.logprob_alternatives()
     mode = req.logprobs_mode if alternatives is not None and req.logprobs_mode else "raw"
     return GenOptions(max_tokens=max_tokens, sampling=SamplingParams(**kw), logprobs=alternatives, logprobs_mode=mode)
