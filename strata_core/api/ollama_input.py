@@ -21,7 +21,6 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from strata_core.schema.errors import ApiError
-from strata_core.schema.sampling import FIELDS, LlamaSampling
 from strata_core.schema.requests import (
     ChatRequest,
     CompletionRequest,
@@ -29,6 +28,7 @@ from strata_core.schema.requests import (
     invalid,
     parse_request,
 )
+from strata_core.schema.sampling import FIELDS, LlamaSampling
 
 #: Ollama option -> the chat request's field.
 SAMPLING = {
