@@ -27,19 +27,19 @@ from strata_core.engine.stages import SamplerState
 pytestmark = pytest.mark.slow
 
 
-def apply(ll: ModuleType, stage: Any, x: np.ndarray, accept: list[int] = ()) -> np.ndarray:  # type: ignore[assignment]
+def apply(lib: ModuleType, stage: Any, x: np.ndarray, accept: list[int] = ()) -> np.ndarray:  # type: ignore[assignment]
     """The token data llama.cpp's ``stage`` leaves of row ``x`` (its candidates, in its order)."""
-    buf = (ll.llama_token_data * x.size)()
+    buf = (lib.llama_token_data * x.size)()
     view = np.frombuffer(buf, TOKEN)
     view["id"], view["logit"], view["p"] = np.arange(x.size), x, 0.0
-    cur = ll.llama_token_data_array(buf, x.size, -1, False)
+    cur = lib.llama_token_data_array(buf, x.size, -1, False)
     try:
         for tok in accept:
-            ll.llama_sampler_accept(stage, tok)
-        ll.llama_sampler_apply(stage, ctypes.byref(cur))
+            lib.llama_sampler_accept(stage, tok)
+        lib.llama_sampler_apply(stage, ctypes.byref(cur))
     finally:
-        ll.llama_sampler_free(stage)
-    return np.frombuffer(ctypes.cast(cur.data, ctypes.POINTER(ll.llama_token_data * cur.size)).contents, TOKEN).copy()
+        lib.llama_sampler_free(stage)
+    return np.frombuffer(ctypes.cast(cur.data, ctypes.POINTER(lib.llama_token_data * cur.size)).contents, TOKEN).copy()
 
 
 def ours(x: np.ndarray, p: SamplingParams, u_xtc: float | None = None) -> tuple[np.ndarray, np.ndarray]:
