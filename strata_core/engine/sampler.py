@@ -249,13 +249,16 @@ def _temperature(c: Candidates, t: float, p: SamplingParams) -> tuple[Candidates
 def _mirostat(x: np.ndarray, p: SamplingParams, u: float, state: SamplerState) -> int:
     """Mirostat v1 / v2 over the whole adjusted row at the temperature (llama.cpp's chain
     in Mirostat mode has no other cut); mu moves toward the target surprise."""
-    c = _head(candidates(x, 0), x.size)
+    c = candidates(x, 0)
     mu = state.mu if state.mu is not None else 2.0 * p.mirostat_tau
-    k = stages.mirostat_cut(stages.softmax(c.logits, p.temperature), p, mu, x.size)
-    q = stages.softmax(c.logits[:k], p.temperature)
+    q = stages.softmax(c.logits, p.temperature)  # ascending id: only the head is sorted
+    if p.mirostat == 1:
+        q = q[_first(c.logits, min(stages.MIROSTAT_M, q.size))]
+    head = _head(c, stages.mirostat_cut(q, p, mu, x.size))
+    q = stages.softmax(head.logits, p.temperature)
     i = stages.choose(q, u)
     state.mu = stages.mirostat_update(mu, p, float(q[i]))
-    return int(c.ids[i])
+    return int(head.ids[i])
 
 
 def _adaptive(c: Candidates, t: float, p: SamplingParams, u: float, state: SamplerState) -> int:

@@ -19,7 +19,7 @@ from strata_core.contract.options import SamplingParams
 from strata_core.engine.dry import Breakers
 
 F64 = npt.NDArray[np.float64]
-_MIROSTAT_M = 100  # Mirostat v1 estimates the Zipf exponent from this many head tokens
+MIROSTAT_M = 100  # Mirostat v1 estimates the Zipf exponent from this many head tokens
 # adaptive-p's transform (llama.cpp's constants): a peak at the target, linear tails
 _WIDTH, _PEAK, _SHARPNESS = 0.3, 5.0, 10.0
 
@@ -81,12 +81,13 @@ def choose(q: np.ndarray, u: float) -> int:
 
 
 def mirostat_cut(q: np.ndarray, p: SamplingParams, mu: float, n_vocab: int) -> int:
-    """How many head candidates (probabilities q, descending) Mirostat keeps."""
+    """How many head candidates Mirostat keeps: v2 those whose surprise is at most mu (q:
+    every candidate's probability, in any order); v1 the k its Zipf estimate gives (q: at
+    least the first ``MIROSTAT_M`` probabilities, descending)."""
     if p.mirostat == 2:
         with np.errstate(divide="ignore"):
-            over = np.flatnonzero(-np.log2(q) > mu)
-        return max(1, int(over[0]) if over.size else q.size)
-    m = min(_MIROSTAT_M - 1, q.size - 1)
+            return max(1, int(np.count_nonzero(-np.log2(q) <= mu)))
+    m = min(MIROSTAT_M - 1, q.size - 1)
     if m < 1:
         return 1
     i = np.arange(m, dtype=np.float64)
