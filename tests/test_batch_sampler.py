@@ -130,6 +130,33 @@ def test_the_fixture_sees_each_stage() -> None:
     assert sample_rows(x, [Row(SamplingParams(), (), 0, 0, mask)]).tokens[0] == 7
 
 
+FURTHER = {
+    "typical_p": {"typical_p": 0.3}, "top_n_sigma": {"top_n_sigma": 0.3},
+    "xtc": {"xtc_probability": 1.0, "xtc_threshold": 0.01}, "dynatemp": {"dynatemp_range": 1.5},
+    "mirostat1": {"mirostat": 1, "mirostat_tau": 1.0}, "mirostat2": {"mirostat": 2, "mirostat_tau": 1.0},
+    "adaptive_p": {"adaptive_target": 0.05, "samplers": "kta"}, "min_keep": {"min_keep": 30},
+    "samplers": {"samplers": "tkp"}, "dry": {"dry_multiplier": 5.0, "dry_allowed_length": 1},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(FURTHER))
+def test_the_fixture_sees_each_further_stage(name: str) -> None:
+    """Each of llama.cpp's further stages moves some of 64 seeded picks off the plain
+    chain's (a test that can fail), and the batch's picks are the per-row ones, state and all."""
+    rng = np.random.default_rng(6)
+    x = (rng.normal(0.0, 1.0, (64, VOCAB)) * 3).astype(np.float32)
+    base = SamplingParams(temperature=1.0, top_k=40, top_p=0.9, min_p=0.01, seed=4)
+    params = SamplingParams(**{**{f: getattr(base, f) for f in ("temperature", "top_k", "top_p", "min_p", "seed")},
+                               **FURTHER[name]})  # fmt: skip
+    history = [int(t) for t in np.argsort(-x[0])[:3]] * 4  # DRY: the row's best tokens repeat
+    plain = sample_rows(x, [Row(base, history, i) for i in range(64)]).tokens
+    batch_state, row_state = SamplerState(), SamplerState()
+    got = sample_rows(x, [Row(params, history, i, 0, None, batch_state) for i in range(64)]).tokens
+    assert (got != plain).any(), name
+    assert got.tolist() == [sample(x[i], params, history, i, 0, None, row_state) for i in range(64)]
+    assert batch_state == row_state
+
+
 @pytest.mark.parametrize("plain_rows", [64, 48])
 def test_a_large_step_matches(plain_rows: int) -> None:
     """A 64-row step on the default model's vocabulary: plain rows with sampled ones among them."""
