@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import statistics
 import time
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +45,7 @@ CONFIGS = {
 
 CHAIN = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1)
 #: llama.cpp's further stages, each alone on top of CHAIN (the "+ nothing" row is the base)
-STAGES = {
+STAGES: dict[str, dict[str, Any]] = {
     "+ nothing (T0.8 top_k40 top_p0.95 min_p0.05)": {},
     "+ typical_p 0.9": {"typical_p": 0.9},
     "+ top_n_sigma 1.0": {"top_n_sigma": 1.0},

@@ -8,6 +8,7 @@ must fail alone, with sample's message.
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import numpy as np
 import pytest
@@ -41,7 +42,7 @@ def _params(draw: st.DrawFn, vocab: int) -> SamplingParams:
 
 
 @st.composite
-def _further(draw: st.DrawFn) -> dict[str, object]:
+def _further(draw: st.DrawFn) -> dict[str, Any]:
     """llama.cpp's further stages (each off in some draws) and an order of its own."""
     return {
         "typical_p": draw(st.sampled_from([1.0, 0.9, 0.3])),
@@ -130,7 +131,7 @@ def test_the_fixture_sees_each_stage() -> None:
     assert sample_rows(x, [Row(SamplingParams(), (), 0, 0, mask)]).tokens[0] == 7
 
 
-FURTHER = {
+FURTHER: dict[str, dict[str, Any]] = {
     "typical_p": {"typical_p": 0.3}, "top_n_sigma": {"top_n_sigma": 0.3},
     "xtc": {"xtc_probability": 1.0, "xtc_threshold": 0.01}, "dynatemp": {"dynatemp_range": 1.5},
     "mirostat1": {"mirostat": 1, "mirostat_tau": 1.0}, "mirostat2": {"mirostat": 2, "mirostat_tau": 1.0},

@@ -31,7 +31,7 @@ GREEDY_TOO = ("dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_l
 def _names() -> dict[str, str]:
     """llama-server's sampler names and aliases (kebab-case, no dash, nucleus, temp, typ)
     -> its letter."""
-    out = {}
+    out: dict[str, str] = {}
     for letter, name in STAGES.items():
         out |= {name: letter, name.replace("_", "-"): letter, name.replace("_", ""): letter}
     return out | {"nucleus": "p", "temp": "t", "typ": "y", "typical_p": "y"}
