@@ -61,7 +61,7 @@ def _further(draw: st.DrawFn) -> dict[str, Any]:
         "adaptive_target": draw(st.sampled_from([-1.0, 0.3, 0.9])),
         "adaptive_decay": draw(st.sampled_from([0.9, 0.0])),
         "min_keep": draw(st.sampled_from([0, 1, 3, 50])),
-        "samplers": draw(st.none() | st.lists(st.sampled_from("edskympxta"), max_size=10).map("".join)),
+        "samplers": draw(st.none() | st.lists(st.sampled_from("edskympxta"), min_size=1, max_size=10).map("".join)),
     }
 
 

@@ -181,7 +181,8 @@ class SamplingParams:
         _check("min_keep", self.min_keep >= 0, self.min_keep, ">= 0")
         if self.samplers is not None:
             bad = [c for c in self.samplers if c not in STAGES]
-            _check("samplers", not bad, self.samplers, f"stages among {', '.join(STAGES.values())}")
+            _check("samplers", bool(self.samplers) and not bad, repr(self.samplers),
+                   f"at least one stage, among {', '.join(STAGES.values())}")  # fmt: skip
 
     @property
     def greedy(self) -> bool:

@@ -85,6 +85,8 @@ class LlamaSampling(BaseModel):
         else:
             bad = [n for n in value if n.lower() not in _NAMES]
             letters = "".join(_NAMES.get(n.lower(), "") for n in value)
+        if not letters and not bad:
+            raise _invalid("expected at least one sampler (leave samplers out for the default order)")
         if bad:
             raise _invalid(f"{bad[0]!r} is not a sampler here: expected names among {', '.join(STAGES.values())} "
                            f"(or their letters {''.join(STAGES)})")  # fmt: skip
