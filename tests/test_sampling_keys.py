@@ -248,7 +248,7 @@ def test_llama_server_fields_greedy_sends_only_dry_and_defaults_fill_in() -> Non
 @pytest.mark.parametrize(("field", "value"), [
     ("dry_base", 0.9), ("typical_p", 1.1), ("mirostat", 3), ("adaptive_decay", 0.995), ("adaptive_target", 1.5),
     ("xtc_threshold", -0.1), ("min_keep", -1), ("dry_penalty_last_n", -2), ("samplers", ["infill"]),
-    ("samplers", "kqt"), ("samplers", []), ("samplers", ""), ("dry_sequence_breakers", []), ("dry_sequence_breakers", [""]),
+    ("samplers", "kqt"), ("samplers", []), ("samplers", ""), ("dry_sequence_breakers", []), ("dry_sequence_breakers", [""]), ("dry_sequence_breakers", ["x"] * 65),
     ("top_n_sigma", math.inf), ("dynatemp_range", -1.0),
 ])  # fmt: skip
 def test_llama_server_fields_out_of_range_are_refused_by_name(field: str, value: Any) -> None:

@@ -99,13 +99,14 @@ def penalties(history: Sequence[int] | np.ndarray, p: SamplingParams, heads: Bre
         if n >= allowed and n > longest.get(tok := rev[k - 1], -1):
             longest[tok] = n
     top = int(_FLOAT_MAX_LOG / math.log(p.dry_base)) if p.dry_base > 1.000001 else 0
-    mult, base = np.float32(p.dry_multiplier), np.float32(p.dry_base)
     out = {}
-    for tok, n in longest.items():
-        if () in heads.get(tok, ()):
-            continue  # a breaker alone is never penalised
-        e = n - allowed if top <= 0 else min(n - allowed, top)
-        out[tok] = float(np.float32(float(mult) * float(base) ** e))
+    with np.errstate(over="ignore"):  # a penalty past float32's range is -inf's worth, as in C
+        mult, base = float(np.float32(p.dry_multiplier)), float(np.float32(p.dry_base))
+        for tok, n in longest.items():
+            if () in heads.get(tok, ()):
+                continue  # a breaker alone is never penalised
+            e = n - allowed if top <= 0 else min(n - allowed, top)
+            out[tok] = float(np.float32(mult * np.float64(base) ** e))
     return out
 
 

@@ -72,7 +72,8 @@ def dynatemp(logits: np.ndarray, t: float, p: SamplingParams) -> float:
     q = softmax(logits, t)
     entropy = -float(np.sum(np.where(q > 0, q * np.log(np.where(q > 0, q, 1.0)), 0.0)))
     low, high = max(0.0, p.temperature - p.dynatemp_range), p.temperature + p.dynatemp_range
-    return low + (high - low) * (entropy / math.log(q.size)) ** p.dynatemp_exponent
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):  # 0 ** -e: inf, as powf
+        return float(low + (high - low) * np.float64(entropy / math.log(q.size)) ** p.dynatemp_exponent)
 
 
 def choose(q: np.ndarray, u: float) -> int:
@@ -92,15 +93,16 @@ def mirostat_cut(q: np.ndarray, p: SamplingParams, mu: float, n_vocab: int) -> i
         return 1
     i = np.arange(m, dtype=np.float64)
     ti = np.log((i + 2) / (i + 1))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        s_hat = float(np.sum(ti * np.log(q[:m] / q[1 : m + 1])) / np.sum(ti * ti))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # overflow: no cut, as in float
+        s_hat = np.sum(ti * np.log(q[:m] / q[1 : m + 1])) / np.sum(ti * ti)
         eps = s_hat - 1
-        k = ((eps * 2.0**mu) / (1 - float(n_vocab) ** -eps)) ** (1 / s_hat)
+        k = float(((eps * np.float64(2.0) ** mu) / (1 - np.float64(n_vocab) ** -eps)) ** (1 / s_hat))
     return q.size if not math.isfinite(k) else max(1, min(q.size, int(k)))
 
 
 def mirostat_update(mu: float, p: SamplingParams, q_picked: float) -> float:
-    return mu - p.mirostat_eta * (-math.log2(q_picked) - p.mirostat_tau)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        return float(mu - p.mirostat_eta * (-np.log2(np.float64(q_picked)) - p.mirostat_tau))
 
 
 def adaptive_logits(q: np.ndarray, p: SamplingParams, state: SamplerState) -> F64:

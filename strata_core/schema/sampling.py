@@ -13,6 +13,9 @@ from pydantic_core import PydanticCustomError
 
 from strata_core.contract.options import STAGES
 
+#: Most DRY sequence breakers a request may send (each is matched against the whole vocabulary).
+MAX_BREAKERS = 64
+
 Unit = Annotated[float | None, Field(ge=0.0, le=1.0)]
 NonNegative = Annotated[float | None, Field(ge=0.0, allow_inf_nan=False)]
 Finite = Annotated[float | None, Field(allow_inf_nan=False)]
@@ -72,6 +75,8 @@ class LlamaSampling(BaseModel):
     def _breakers(cls, value: list[str] | None) -> list[str] | None:
         if value is not None and (not value or not all(value)):
             raise _invalid("expected a non-empty list of non-empty strings")
+        if value is not None and len(value) > MAX_BREAKERS:
+            raise _invalid(f"expected at most {MAX_BREAKERS} sequence breakers, got {len(value)}")
         return value
 
     @field_validator("samplers")
