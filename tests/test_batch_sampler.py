@@ -7,6 +7,9 @@ must fail alone, with sample's message.
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -15,6 +18,7 @@ from hypothesis import strategies as st
 from strata_core.contract.options import SamplingParams
 from strata_core.engine.batch_sampler import Row, sample_rows
 from strata_core.engine.sampler import sample
+from strata_core.engine.stages import SamplerState
 
 VOCAB = 1200  # above the lazy walk's first block (256), so top_p and draws widen it
 
@@ -33,7 +37,32 @@ def _params(draw: st.DrawFn, vocab: int) -> SamplingParams:
         seed=draw(st.integers(0, 2**64 - 1)),
         bias=draw(st.dictionaries(ids, st.sampled_from([-np.inf, -3.0, 0.5, 9.0]), max_size=4)),
         allowed=draw(st.none() | st.lists(ids, min_size=1, max_size=30).map(tuple)),
+        **(draw(_further()) if draw(st.booleans()) else {}),
     )
+
+
+@st.composite
+def _further(draw: st.DrawFn) -> dict[str, Any]:
+    """llama.cpp's further stages (each off in some draws) and an order of its own."""
+    return {
+        "typical_p": draw(st.sampled_from([1.0, 0.9, 0.3])),
+        "top_n_sigma": draw(st.sampled_from([-1.0, 0.5, 2.0])),
+        "xtc_probability": draw(st.sampled_from([0.0, 0.5, 1.0])),
+        "xtc_threshold": draw(st.sampled_from([0.1, 0.01, 0.6])),
+        "dry_multiplier": draw(st.sampled_from([0.0, 0.8, 3.0])),
+        "dry_base": draw(st.sampled_from([1.75, 1.0, 3.0])),
+        "dry_allowed_length": draw(st.sampled_from([0, 1, 2])),
+        "dry_penalty_last_n": draw(st.sampled_from([64, 8, -1, 0])),
+        "dynatemp_range": draw(st.sampled_from([0.0, 0.5, 3.0])),
+        "dynatemp_exponent": draw(st.sampled_from([1.0, 0.5, 2.0])),
+        "mirostat": draw(st.sampled_from([0, 0, 1, 2])),
+        "mirostat_tau": draw(st.sampled_from([5.0, 1.0])),
+        "mirostat_eta": draw(st.sampled_from([0.1, 0.5])),
+        "adaptive_target": draw(st.sampled_from([-1.0, 0.3, 0.9])),
+        "adaptive_decay": draw(st.sampled_from([0.9, 0.0])),
+        "min_keep": draw(st.sampled_from([0, 1, 3, 50])),
+        "samplers": draw(st.none() | st.lists(st.sampled_from("edskympxta"), min_size=1, max_size=10).map("".join)),
+    }
 
 
 @st.composite
@@ -54,13 +83,16 @@ def steps(draw: st.DrawFn) -> tuple[np.ndarray, list[Row]]:
         mask = None
         if draw(st.booleans()):
             mask = rng.random(VOCAB) < draw(st.sampled_from([0.0, 0.002, 0.3, 1.0]))
-        rows.append(Row(params, history, draw(st.integers(0, 5000)), draw(st.integers(0, 3)), mask))
+        if draw(st.integers(0, 3)) == 0:  # repeats for DRY to find
+            history += history[-draw(st.integers(1, 10)) :] * 3
+        state = SamplerState(breakers={int(history[0]): ((),)} if history else {}, mu=draw(st.none() | st.just(3.0)))
+        rows.append(Row(params, history, draw(st.integers(0, 5000)), draw(st.integers(0, 3)), mask, state))
     return x, rows
 
 
 def _one(logits: np.ndarray, r: Row) -> int | str:
     try:
-        return sample(logits, r.params, r.history, r.position, r.stream, r.mask)
+        return sample(logits, r.params, r.history, r.position, r.stream, r.mask, copy.deepcopy(r.state))
     except ValueError as exc:
         return str(exc)
 
@@ -73,7 +105,7 @@ def test_batched_rows_are_the_per_row_tokens(step: tuple[np.ndarray, list[Row]])
 
 def _per_row(x: np.ndarray, rows: list[Row]) -> None:
     """The batch's token (or error) for each row is sample's for that row alone."""
-    out = sample_rows(x, rows)
+    out = sample_rows(x, [r._replace(state=copy.deepcopy(r.state)) for r in rows])
     got = [out.errors[i] if i in out.errors else int(out.tokens[i]) for i in range(len(rows))]
     assert got == [_one(x[i], r) for i, r in enumerate(rows)]
 
@@ -97,6 +129,33 @@ def test_the_fixture_sees_each_stage() -> None:
     mask = np.zeros(VOCAB, bool)
     mask[7] = True
     assert sample_rows(x, [Row(SamplingParams(), (), 0, 0, mask)]).tokens[0] == 7
+
+
+FURTHER: dict[str, dict[str, Any]] = {
+    "typical_p": {"typical_p": 0.3}, "top_n_sigma": {"top_n_sigma": 0.3},
+    "xtc": {"xtc_probability": 1.0, "xtc_threshold": 0.01}, "dynatemp": {"dynatemp_range": 1.5},
+    "mirostat1": {"mirostat": 1, "mirostat_tau": 1.0}, "mirostat2": {"mirostat": 2, "mirostat_tau": 1.0},
+    "adaptive_p": {"adaptive_target": 0.05, "samplers": "kta"}, "min_keep": {"min_keep": 30},
+    "samplers": {"samplers": "tkp"}, "dry": {"dry_multiplier": 5.0, "dry_allowed_length": 1},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(FURTHER))
+def test_the_fixture_sees_each_further_stage(name: str) -> None:
+    """Each of llama.cpp's further stages moves some of 64 seeded picks off the plain
+    chain's (a test that can fail), and the batch's picks are the per-row ones, state and all."""
+    rng = np.random.default_rng(6)
+    x = (rng.normal(0.0, 1.0, (64, VOCAB)) * 3).astype(np.float32)
+    base = SamplingParams(temperature=1.0, top_k=40, top_p=0.9, min_p=0.01, seed=4)
+    params = SamplingParams(**{**{f: getattr(base, f) for f in ("temperature", "top_k", "top_p", "min_p", "seed")},
+                               **FURTHER[name]})  # fmt: skip
+    history = [int(t) for t in np.argsort(-x[0])[:3]] * 4  # DRY: the row's best tokens repeat
+    plain = sample_rows(x, [Row(base, history, i) for i in range(64)]).tokens
+    batch_state, row_state = SamplerState(), SamplerState()
+    got = sample_rows(x, [Row(params, history, i, 0, None, batch_state) for i in range(64)]).tokens
+    assert (got != plain).any(), name
+    assert got.tolist() == [sample(x[i], params, history, i, 0, None, row_state) for i in range(64)]
+    assert batch_state == row_state
 
 
 @pytest.mark.parametrize("plain_rows", [64, 48])

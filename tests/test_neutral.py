@@ -40,7 +40,7 @@ NEUTRAL = [
     ("messages", "mcp_servers", []), ("messages", "service_tier", "auto"), ("messages", "container", None),
     ("messages", "context_management", None), ("messages", "metadata", {}),
     ("ollama_chat", "logprobs", False), ("ollama_chat", "top_logprobs", 0),
-    ("ollama_chat", "options", {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0}),
+    ("ollama_chat", "options", {"tfs_z": 1.0}),
     ("ollama_generate", "suffix", ""), ("ollama_generate", "template", ""), ("ollama_generate", "context", []),
     ("ollama_generate", "images", []),
 ]  # fmt: skip
@@ -70,7 +70,7 @@ REFUSED = [
     ("responses", {"conversation": "conv_1"}, "conversation"), ("responses", {"top_logprobs": 21}, "top_logprobs"),
     ("messages", {"mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]}, "mcp_servers"),
     ("messages", {"service_tier": "standard_only"}, "service_tier"), ("messages", {"container": "c"}, "container"),
-    ("ollama_chat", {"options": {"mirostat": 2}}, "options.mirostat"), ("ollama_chat", {"logprobs": True}, "logprobs"),
+    ("ollama_chat", {"options": {"tfs_z": 0.5}}, "options.tfs_z"), ("ollama_chat", {"logprobs": True}, "logprobs"),
     ("ollama_generate", {"context": [1, 2]}, "context"),
 ]  # fmt: skip
 

@@ -195,6 +195,13 @@ def test_seeded_replay(client: Any) -> None:
     assert client.generate(model="smol", prompt="Once upon a time", options=opts).response == one
     other = client.generate(model="smol", prompt="Once upon a time", options={**opts, "seed": 99}).response
     assert other != one  # the sampling really draws
+    # the options Ollama's clients send for llama.cpp's samplers: Mirostat 2, typical_p
+    miro = {**opts, "mirostat": 2, "mirostat_tau": 3.0, "mirostat_eta": 0.2}
+    m1 = client.generate(model="smol", prompt="Once upon a time", options=miro).response
+    assert client.generate(model="smol", prompt="Once upon a time", options=miro).response == m1 != one
+    typical = {**opts, "typical_p": 0.5}
+    t1 = client.generate(model="smol", prompt="Once upon a time", options=typical).response
+    assert client.generate(model="smol", prompt="Once upon a time", options=typical).response == t1 != one
 
 
 def test_errors_in_ollamas_shape(client: Any, served: tuple[Server, FakeHub]) -> None:
@@ -205,7 +212,7 @@ def test_errors_in_ollamas_shape(client: Any, served: tuple[Server, FakeHub]) ->
         client.chat(model="smol", messages=HELLO, options={"num_ctx": N_CTX * 4})
     assert e.value.status_code == 400 and "options.num_ctx" in e.value.error
     with pytest.raises(ollama.ResponseError) as e:
-        client.chat(model="smol", messages=HELLO, options={"mirostat": 2})
+        client.chat(model="smol", messages=HELLO, options={"mirostat": 3})
     assert e.value.status_code == 400 and "options.mirostat" in e.value.error
     with pytest.raises(ollama.ResponseError) as e:
         client.chat(model="smol", messages=HELLO, options={"temperature": -1})

@@ -28,7 +28,9 @@ def test_options_map_onto_strata_sampling() -> None:
 
 
 @pytest.mark.parametrize(("options", "param"), [
-    ({"mirostat": 2}, "options.mirostat"), ({"num_gpu": 10}, "options.num_gpu"),
+    ({"mirostat": 3}, "options.mirostat"), ({"num_gpu": 10}, "options.num_gpu"),
+    ({"tfs_z": 0.5}, "options.tfs_z"), ({"typical_p": 1.5}, "options.typical_p"),
+    ({"samplers": ["top_k", "infill"]}, "options.samplers"),
     ({"temperature": -1}, "options.temperature"), ({"repeat_penalty": 0}, "options.repeat_penalty"),
     ({"num_predict": -3}, "options.num_predict"), ({"bogus": 1}, "options.bogus"),
 ])  # fmt: skip
@@ -36,6 +38,11 @@ def test_bad_options_are_400s_naming_them(options: dict[str, object], param: str
     with pytest.raises(ApiError) as e:
         chat(options=options).chat_request()
     assert e.value.status == 400 and e.value.param == param and param in e.value.message
+
+
+def test_llama_servers_sampling_options_pass_through() -> None:
+    req = chat(options={"mirostat": 2, "mirostat_tau": 4.0, "typical_p": 0.9, "samplers": "kt"}).chat_request()
+    assert (req.mirostat, req.mirostat_tau, req.typical_p, req.samplers) == (2, 4.0, 0.9, "kt")
 
 
 def test_format_think_and_keep_alive() -> None:

@@ -109,3 +109,21 @@ def test_what_is_encoded_decodes_to_the_same_options(opts: GenOptions) -> None:
     # and the keys travel in a GEN line unchanged
     gen = proto.parse_command(proto.encode_command(proto.Gen("r1", keys, (1, 2))))
     assert isinstance(gen, proto.Gen) and GenOptions.decode(gen.keys) == opts
+
+
+@pytest.mark.parametrize("further", [
+    {"typical_p": 0.9}, {"top_n_sigma": 1.0}, {"xtc_probability": 0.5}, {"dynatemp_range": 0.5},
+    {"mirostat": 2}, {"min_keep": 3}, {"samplers": "kt"}, {"dry_multiplier": 0.8},
+    {"adaptive_target": 0.5, "samplers": "kta"},
+])  # fmt: skip
+def test_a_further_stage_turns_windows_off_and_leaves_the_plain_path(further: dict[str, object]) -> None:
+    """Speculation's verifier knows the plain chain only: a request with any of llama.cpp's
+    further stages gets no windows; one without them keeps the plain path (nothing to pay)."""
+    plain = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=1)
+    assert not plain.windowless and not plain.extended and not plain.dry
+    p = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=1, **further)  # type: ignore[arg-type]
+    assert p.windowless and (p.extended or p.dry)
+    assert p.stateful == ("mirostat" in further or "adaptive_target" in further)
+    greedy = SamplingParams(**further)  # type: ignore[arg-type]
+    assert greedy.windowless == ("dry_multiplier" in further)  # a greedy pick runs DRY alone
+    assert greedy.plain == ("dry_multiplier" not in further)

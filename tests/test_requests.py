@@ -151,7 +151,7 @@ def test_chat_refused(body: dict[str, Any], param: str) -> None:
         ({"prompt": 3}, "prompt"),
         ({"prompt": "x", "echo": True, "logprobs": 0}, "echo"),
         ({"prompt": "x", "echo": "yes"}, "echo"),
-        ({"prompt": "x", "suffix": "y"}, "suffix"),
+        ({"prompt": "x", "suffix": 3}, "suffix"),
         ({"prompt": "x", "logprobs": 21}, "logprobs"),
         ({"prompt": "x", "logprobs": True}, "logprobs"),
         ({"prompt": "x", "logprobs": 1.0}, "logprobs"),

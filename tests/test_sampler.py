@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from reference_sampler import kept, reference_sample, reference_samples
 from strata_core.contract.options import SamplingParams
 from strata_core.engine import sampler
 from strata_core.engine.sampler import sample, top_logprobs
+from strata_core.engine.stages import SamplerState
 
 N_VOCAB = 49_152
 POSITIONS = range(6)
@@ -329,3 +331,27 @@ def test_top_logprobs_renormalise_over_allowed():
     assert np.isneginf(np.delete(lp, allowed)).all()
     assert sorted(i for i, _ in top) == [5, 17, 400, 48_000]
     assert top_logprobs(ROWS["flat"], 0)[1] == []
+
+
+@pytest.mark.parametrize("further", [
+    {"typical_p": 0.5}, {"top_n_sigma": 0.5}, {"xtc_probability": 1.0, "xtc_threshold": 0.01},
+    {"dynatemp_range": 0.7}, {"mirostat": 1}, {"mirostat": 2, "mirostat_tau": 2.0},
+    {"adaptive_target": 0.2, "samplers": "kmpta"}, {"min_keep": 20, "samplers": "tpm"},
+])  # fmt: skip
+def test_further_stages_pick_inside_the_processed_distribution(further: dict[str, Any]) -> None:
+    """What ``probabilities`` / ``processed_logprobs`` report for a request with llama.cpp's
+    further stages holds every token it picks (XTC's draw and Mirostat's and adaptive-p's
+    own picks narrow it further, never beyond it), and an explicit default order picks
+    what no order picks."""
+    rng = np.random.default_rng(8)
+    x = (rng.normal(0.0, 1.0, 3000) * 3).astype(np.float32)
+    p = SamplingParams(temperature=0.9, top_k=200, top_p=0.95, min_p=0.01, seed=2, **further)
+    q = sampler.probabilities(x, p, ())
+    lp, _ = sampler.processed_logprobs(x, 5, p, ())
+    state = SamplerState()
+    for pos in range(40):
+        tok = sampler.sample(x, p, (), pos, 0, None, state)
+        assert q[tok] > 0 and np.isfinite(lp[tok]), (pos, tok)
+    base = SamplingParams(temperature=0.9, top_k=200, top_p=0.95, min_p=0.01, seed=2)
+    ordered = SamplingParams(temperature=0.9, top_k=200, top_p=0.95, min_p=0.01, seed=2, samplers="edskympxt")
+    assert [sampler.sample(x, base, (), i) for i in range(20)] == [sampler.sample(x, ordered, (), i) for i in range(20)]

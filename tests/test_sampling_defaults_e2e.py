@@ -22,8 +22,8 @@ from strata_core.testing.models import SHAPES, write_random, write_tokenizer
 
 pytestmark = pytest.mark.slow
 
-MAKER = {"temp": 1.5, "top_k": 40, "top_p": 0.9, "mirostat": 2}
-SAMPLED = {"temperature": 1.5, "top_k": 40, "top_p": 0.9}  # what the GGUF's keys mean to a request
+MAKER = {"temp": 1.5, "top_k": 40, "top_p": 0.9, "xtc_probability": 0.5, "xtc_threshold": 0.1, "mirostat": 7}
+SAMPLED = {"temperature": 1.5, "top_k": 40, "top_p": 0.9, "xtc_probability": 0.5, "xtc_threshold": 0.1}  # what the GGUF's keys mean to a request
 
 
 @pytest.fixture(scope="module")
@@ -84,12 +84,14 @@ def test_doctor_shows_the_defaults(cpu_engine: EngineBuild, config: Path) -> Non
                          capture_output=True, text=True, timeout=300).stdout  # fmt: skip
     assert "model tuned:" in out and "temperature=0.7 (config)" in out, out
     assert "temperature=1.5 (gguf)" in out and "top_k=40 (gguf)" in out, out
-    assert "not applied from the GGUF: mirostat=2" in out, out
+    assert "not applied from the GGUF: mirostat=7" in out, out  # out of range
 
 
 def test_layers_key_by_key(tmp_path: Path) -> None:
-    d = layer_defaults({"temp": 0.6, "top_k": 20, "penalty_repeat": 1.1, "top_p": 7.0}, SamplingConfig(top_k=5))
+    gguf = {"temp": 0.6, "top_k": 20, "penalty_repeat": 1.1, "top_p": 7.0, "sequence": "top_k;temperature"}
+    d = layer_defaults(gguf, SamplingConfig(top_k=5))
     assert (d.sampling.temperature, d.sampling.top_k, d.sampling.repetition_penalty) == (0.6, 5, 1.1)
+    assert d.sampling.samplers == "kt" and d.sources["samplers"] == "gguf"  # llama.cpp's names, as letters
     assert d.sources["temperature"] == "gguf" and d.sources["top_k"] == "config" and d.sources["top_p"] == "strata"
     assert d.ignored == {"top_p": 7.0}  # out of range: left to the layer below
     cfg = tmp_path / "strata.toml"

@@ -125,10 +125,23 @@ def _timed_stream(
     return "".join(parts), first, last
 
 
+#: llama-server's further samplers at once: XTC's draw, adaptive-p's running average and
+#: DRY's history must replay as the plain chain's do (Mirostat's mu: below, and in
+#: test_ollama_e2e and test_speculative_e2e).
+FURTHER = {
+    "dry_multiplier": 0.8, "xtc_probability": 0.5, "xtc_threshold": 0.05, "typical_p": 0.9, "top_n_sigma": 2.0,
+    "dynatemp_range": 0.5, "adaptive_target": 0.3, "min_keep": 2,
+    "samplers": ["dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature", "adaptive_p"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("further", [{}, FURTHER], ids=["plain", "further"])
 def test_same_seed_same_text_alone_and_beside_other_requests(
-    api: openai.OpenAI, engine_info: dict[str, Any]
+    api: openai.OpenAI, engine_info: dict[str, Any], further: dict[str, Any]
 ) -> None:
-    seeded = {"temperature": 0.8, "seed": 99, "max_tokens": 32}
+    seeded: dict[str, Any] = {"temperature": 0.8, "seed": 99, "max_tokens": 32}
+    if further:
+        seeded["extra_body"] = further
     alone, _, _ = _timed_stream(api, POEM, **seeded)
     assert chat(api, **seeded) == alone
 
@@ -204,6 +217,21 @@ def test_penalties_break_a_greedy_loop(api: openai.OpenAI) -> None:
         api, LOOP_PROMPT, max_tokens=24, extra_body={**penalties, "penalty_last_n": 0}
     )
     assert off == loop
+
+
+def test_dry_breaks_a_greedy_loop_and_bad_values_are_400s(api: openai.OpenAI) -> None:
+    loop = streamed_pieces(api, LOOP_PROMPT, max_tokens=24)
+    assert "".join(loop).count("The cat sat on the mat.") >= 2, loop  # the fixture loops
+    dry = streamed_pieces(api, LOOP_PROMPT, max_tokens=24, extra_body={"dry_multiplier": 2.0, "dry_base": 2.0})
+    assert "The cat sat on the mat." not in "".join(dry), dry
+    seeded = {"temperature": 0.8, "seed": 7, "max_tokens": 24, "extra_body": {"mirostat": 2, "mirostat_tau": 3.0}}
+    mirostat = chat(api, **seeded)
+    assert chat(api, **seeded) == mirostat != chat(api, **{**seeded, "extra_body": {}})
+    for field, value in (("dry_base", 0.5), ("mirostat", 3), ("typical_p", 2.0), ("samplers", ["infill"]),
+                         ("adaptive_decay", 1.0), ("dry_sequence_breakers", [])):  # fmt: skip
+        with pytest.raises(openai.BadRequestError) as err:
+            complete(api, "Hi", max_tokens=1, temperature=1.0, extra_body={field: value})
+        assert err.value.status_code == 400 and field in str(err.value), (field, err.value)
 
 
 def test_min_p_narrows_the_pick(api: openai.OpenAI) -> None:

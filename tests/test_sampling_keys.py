@@ -16,12 +16,15 @@ from strata_core.api.sampling_defaults import (
     max_new_tokens,
     resolve_seed,
 )
+from strata_core.contract.options import GenOptions
 from strata_core.ops.config import SamplingConfig
+from strata_core.schema.errors import ApiError
 from strata_core.schema.requests import (
     PENALTY_LAST_N_ALL,
     BaseRequest,
     ChatRequest,
     CompletionRequest,
+    parse_request,
 )
 
 NONE = SamplingConfig()
@@ -217,3 +220,38 @@ def test_allowed_token_ids_are_sent_in_order_without_duplicates() -> None:
     assert keys(allowed_token_ids=[9, 2, 9, 5]) == {"allowed": "9,2,5"}
     r = CompletionRequest.model_validate({"prompt": "x", "logprobs": 5, "allowed_token_ids": [1]})
     assert sent(r, seed=1) == {"allowed": "1", "logprobs": "5"}
+
+
+def test_llama_server_fields_are_sent_by_their_names_and_decode_back() -> None:
+    got = keys(temperature=0.7, seed=3, typical_p=0.9, top_n_sigma=1.5, xtc_probability=0.5, xtc_threshold=0.2,
+               dry_multiplier=0.8, dry_base=2.0, dry_allowed_length=3, dry_penalty_last_n=-1,
+               dry_sequence_breakers=["\n", "é:"], dynatemp_range=0.3, dynatemp_exponent=2.0, mirostat=2,
+               mirostat_tau=4.0, mirostat_eta=0.2, adaptive_target=0.4, adaptive_decay=0.5, min_keep=3,
+               samplers=["dry", "Top-K", "typ", "nucleus", "temp", "adaptive_p"])  # fmt: skip
+    s = GenOptions.decode(got).sampling
+    assert (s.typical_p, s.top_n_sigma, s.xtc_probability, s.xtc_threshold) == (0.9, 1.5, 0.5, 0.2)
+    assert (s.dry_multiplier, s.dry_base, s.dry_allowed_length, s.dry_penalty_last_n) == (0.8, 2.0, 3, -1)
+    assert s.dry_sequence_breakers == ("\n", "é:") and " " not in got["dry_sequence_breakers"]
+    assert (s.dynatemp_range, s.dynatemp_exponent, s.mirostat, s.mirostat_tau, s.mirostat_eta) == (0.3, 2.0, 2, 4.0, 0.2)
+    assert (s.adaptive_target, s.adaptive_decay, s.min_keep, s.samplers) == (0.4, 0.5, 3, "dkypta")
+
+
+def test_llama_server_fields_greedy_sends_only_dry_and_defaults_fill_in() -> None:
+    assert keys(typical_p=0.5, mirostat=2, xtc_probability=0.5) == {}  # cuts and draws: nothing to greedy
+    assert keys(dry_multiplier=0.8) == {"dry_multiplier": "0.8"}
+    cfg = SamplingConfig.model_validate({"temperature": 0.5, "mirostat": 2, "samplers": "kt"})
+    got = keys(cfg)
+    assert got["mirostat"] == "2" and got["samplers"] == "kt"
+    assert keys(cfg, mirostat=0).get("mirostat") is None  # the request's own value wins
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("dry_base", 0.9), ("typical_p", 1.1), ("mirostat", 3), ("adaptive_decay", 0.995), ("adaptive_target", 1.5),
+    ("xtc_threshold", -0.1), ("min_keep", -1), ("dry_penalty_last_n", -2), ("samplers", ["infill"]),
+    ("samplers", "kqt"), ("samplers", []), ("samplers", ""), ("dry_sequence_breakers", []), ("dry_sequence_breakers", [""]), ("dry_sequence_breakers", ["x"] * 65),
+    ("top_n_sigma", math.inf), ("dynatemp_range", -1.0),
+])  # fmt: skip
+def test_llama_server_fields_out_of_range_are_refused_by_name(field: str, value: Any) -> None:
+    with pytest.raises(ApiError) as err:
+        parse_request(ChatRequest, {"messages": [{"role": "user", "content": "hi"}], field: value})
+    assert err.value.status == 400 and err.value.param == field, err.value

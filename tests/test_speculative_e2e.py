@@ -75,6 +75,20 @@ def test_seeded_speculation_preserves_the_output_where_windows_are_exact(
         e.close()
 
 
+@pytest.mark.parametrize("keys", [
+    {"temperature": 0.8, "seed": 5, "mirostat": 2}, {"dry_multiplier": 0.8},
+    {"temperature": 0.8, "seed": 5, "typical_p": 0.9, "xtc_probability": 0.5},
+], ids=["mirostat", "dry-greedy", "typical-xtc"])  # fmt: skip
+def test_further_samplers_decode_without_windows(engine: EngineProcess, copy_prompt: list[int], keys: dict) -> None:  # type: ignore[type-arg]
+    """Mirostat's state, DRY's history and XTC's draw are not what speculation's verifier
+    knows: such a request asking for n-gram windows gets none, and emits what it emits
+    with speculation off."""
+    off, _ = run(engine, "off", copy_prompt, max_tokens=24, **keys)
+    on, on_stats = run(engine, "on", copy_prompt, max_tokens=24, spec="ngram", **keys)
+    assert "drafted" not in on_stats or int(on_stats["drafted"]) == 0, on_stats
+    assert on == off
+
+
 PASSAGE = (
     "<|im_start|>user\nRepeat the following passage exactly, word for word:\n\nThe keeper "
     "climbed the ninety steps every night, trimmed the wick, and wrote the name of every ship "

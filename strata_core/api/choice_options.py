@@ -70,7 +70,10 @@ class ChoiceOptions:
         operator's defaults, and how the engine runs it (alone for an exact seeded replay,
         or with speculative windows)."""
         cfg = self.config
-        opts = gen_options(req, cfg.sampling, seed=seed, max_tokens=max_tokens)
+        try:
+            opts = gen_options(req, cfg.sampling, seed=seed, max_tokens=max_tokens)
+        except OptionError as exc:
+            raise self._invalid(exc) from None
         if req.seed is not None and cfg.sampling.exact_seed_replay:
             opts = opts.replace(isolate=True)
         elif cfg.speculative.mode != "off" and req.speculative is not False:
@@ -85,9 +88,13 @@ class ChoiceOptions:
         try:
             opts.check(int(self.engine.info["n_vocab"]))
         except OptionError as exc:
-            param = REQUEST_PARAMS.get(exc.key, exc.key)
-            raise ApiError(400, f"invalid {param}: {exc}", param=param, code="invalid_value") from None
+            raise self._invalid(exc) from None
         return opts
+
+    @staticmethod
+    def _invalid(exc: OptionError) -> ApiError:
+        param = REQUEST_PARAMS.get(exc.key, exc.key)
+        return ApiError(400, f"invalid {param}: {exc}", param=param, code="invalid_value")
 
     async def think_budget(self, req: BaseRequest, shape: ChatShape | None) -> dict[str, Any]:
         """The GenOptions fields of a chat's ``reasoning_budget`` (none without one): the

@@ -5,8 +5,9 @@ and turned into the requests the shared path runs (requests.ChatRequest, Complet
 (max_tokens; -1 and -2 leave it to the context), seed, stop, repeat_penalty,
 repeat_last_n, presence_penalty, frequency_penalty. ``num_ctx`` is accepted up to the
 engine's context. Options that set how a model loads (num_gpu, num_thread, ...) are the
-operator's, and sampling options Strata does not have (mirostat, typical_p, tfs_z) are a
-400 naming them unless neutral (schema/neutral.py). ``format`` is ``"json"`` or a JSON schema; ``tools`` are
+operator's. llama-server's further sampling fields (mirostat, mirostat_tau, mirostat_eta,
+typical_p, DRY, XTC, ...; schema/sampling.py) pass through by their names; tfs_z, which
+llama.cpp no longer has, is a 400 naming it unless neutral (schema/neutral.py). ``format`` is ``"json"`` or a JSON schema; ``tools`` are
 OpenAI's function tools, calls carry their arguments as objects; ``think`` sets the
 template's ``enable_thinking``.
 """
@@ -27,6 +28,7 @@ from strata_core.schema.requests import (
     invalid,
     parse_request,
 )
+from strata_core.schema.sampling import FIELDS, LlamaSampling
 
 #: Ollama option -> the chat request's field.
 SAMPLING = {
@@ -34,7 +36,7 @@ SAMPLING = {
     "seed": "seed", "stop": "stop", "repeat_penalty": "repetition_penalty",
     "repeat_last_n": "penalty_last_n", "presence_penalty": "presence_penalty",
     "frequency_penalty": "frequency_penalty", "num_predict": "max_tokens",
-}  # fmt: skip
+} | {name: name for name in FIELDS}  # fmt: skip
 #: Options that set how the model is loaded: the operator's configuration decides them.
 LOAD_OPTIONS = (
     "numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv", "logits_all", "vocab_only",
@@ -46,7 +48,7 @@ PARAMS = {v: f"options.{k}" for k, v in SAMPLING.items()} | {
 }  # fmt: skip
 
 
-class OllamaOptions(Strict):
+class OllamaOptions(Strict, LlamaSampling):
     """``options``: every name Ollama's documents, checked in ``sampling``."""
 
     num_ctx: int | None = Field(default=None, ge=1)
@@ -61,8 +63,6 @@ class OllamaOptions(Strict):
     repeat_last_n: int | None = Field(default=None, ge=-1)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    mirostat_tau: float | None = None
-    mirostat_eta: float | None = None
     numa: bool | None = None
     num_batch: int | None = None
     num_gpu: int | None = None
@@ -79,7 +79,7 @@ class OllamaOptions(Strict):
     penalize_newline: bool | None = None
 
     # sampling Strata does not have: accepted at the value that leaves it off (schema/neutral.py)
-    unimplemented = ("mirostat", "typical_p", "tfs_z")
+    unimplemented = ("tfs_z",)
 
     def sampling(self) -> dict[str, Any]:
         """The chat request's sampling fields; 400 naming an option Strata cannot honour."""

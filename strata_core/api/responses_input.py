@@ -9,7 +9,8 @@ templates drop an earlier turn's reasoning), ``instructions``, ``max_output_toke
 (the chat's ``reasoning_effort``), ``top_logprobs`` with ``include:
 ["message.output_text.logprobs"]``, ``store`` / ``previous_response_id``, ``stream``, and the
 hints ``metadata``, ``user``, ``safety_identifier``, ``prompt_cache_key``,
-``prompt_cache_retention`` (echoed in the response). A parameter Strata does not implement
+``prompt_cache_retention`` (echoed in the response); as extensions, llama-server's
+sampling fields (typical_p, DRY, XTC, Mirostat, ...: schema/sampling.py). A parameter Strata does not implement
 is accepted only with a value that asks for nothing (schema/neutral.py); any other
 parameter or value is a 400 naming it.
 """
@@ -32,6 +33,7 @@ from strata_core.schema.requests import (
     invalid,
     parse_request,
 )
+from strata_core.schema.sampling import FIELDS, LlamaSampling
 
 #: What ``include`` may ask for: the output text's logprobs (top_logprobs: how many
 #: alternatives each token lists).
@@ -210,7 +212,7 @@ class ReasoningConfig(Strict):
     unimplemented = ("summary", "generate_summary")  # no summaries are written
 
 
-class ResponsesRequest(Strict):
+class ResponsesRequest(Strict, LlamaSampling):
     model: str | None = None
     input: list[InputItem]  # text is one user message
     instructions: str | None = None
@@ -277,7 +279,7 @@ class ResponsesRequest(Strict):
         lead = [] if self.instructions is None else [{"role": "system", "content": self.instructions}]
         body: dict[str, Any] = {"model": self.model, "messages": lead + conversation}
         for name in ("temperature", "top_p", "parallel_tool_calls", "max_tool_calls", "user", "metadata",
-                     "safety_identifier", "prompt_cache_key", "prompt_cache_retention"):  # fmt: skip
+                     "safety_identifier", "prompt_cache_key", "prompt_cache_retention", *FIELDS):  # fmt: skip
             if getattr(self, name) is not None:
                 body[name] = getattr(self, name)
         if LOGPROBS in (self.include or ()):

@@ -16,7 +16,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from strata_core.contract.options import GenOptions, SamplingParams
+from strata_core.contract.options import DEFAULT_ORDER, GenOptions, SamplingParams
 from strata_core.ops.config import SamplingConfig
 from strata_core.schema.requests import BaseRequest
 
@@ -73,6 +73,7 @@ def gen_options(req: BaseRequest, defaults: SamplingConfig, *, seed: int, max_to
         kw["bias"] = bias
     if req.allowed_token_ids is not None:
         kw["allowed"] = tuple(req.allowed_token_ids)
+    kw.update(req.llama_sampling(defaults, sampled=bool(temperature)))
     alternatives = req.logprob_alternatives()
     mode = req.logprobs_mode if alternatives is not None and req.logprobs_mode else "raw"
     return GenOptions(max_tokens=max_tokens, sampling=SamplingParams(**kw), logprobs=alternatives, logprobs_mode=mode)
@@ -105,12 +106,16 @@ def check_defaults(defaults: SamplingConfig) -> None:
 #: The GGUF ``general.sampling.*`` keys Strata applies (llama.cpp applies these too, with
 #: ``sequence``, ``xtc_*`` and ``mirostat*``, samplers Strata lacks), and the field each sets.
 GGUF_SAMPLING = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
-                 "penalty_last_n": "penalty_last_n", "penalty_repeat": "repetition_penalty"}  # fmt: skip
+                 "penalty_last_n": "penalty_last_n", "penalty_repeat": "repetition_penalty",
+                 "xtc_probability": "xtc_probability", "xtc_threshold": "xtc_threshold", "mirostat": "mirostat",
+                 "mirostat_tau": "mirostat_tau", "mirostat_eta": "mirostat_eta", "sequence": "samplers"}  # fmt: skip
 
 #: What each default is when nothing sets it (None: no limit).
 STRATA_DEFAULTS: dict[str, Any] = {
     "temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
     "frequency_penalty": 0.0, "presence_penalty": 0.0, "penalty_last_n": DEFAULT_PENALTY_LAST_N, "max_tokens": None,
+    "xtc_probability": 0.0, "xtc_threshold": 0.1, "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
+    "samplers": DEFAULT_ORDER,
 }  # fmt: skip
 
 
@@ -143,6 +148,8 @@ def layer_defaults(gguf: dict[str, Any], config: SamplingConfig) -> ModelDefault
         try:
             if name is None:
                 raise ValueError(key)
+            if key == "sequence":  # llama.cpp's sampler names, ';' between them
+                value = str(value).split(";")
             from_gguf[name] = getattr(SamplingConfig.model_validate({name: value}), name)
         except ValueError:  # pydantic's ValidationError is one
             ignored[key] = value

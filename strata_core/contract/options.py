@@ -15,7 +15,9 @@ Adding a GEN option is one field here and its use where it acts.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -58,11 +60,23 @@ def _pairs(text: str) -> dict[int, float]:
     return out
 
 
+def _texts_encode(texts: tuple[str, ...]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(list(texts)).encode()).decode()
+
+
+def _texts_decode(text: str) -> tuple[str, ...]:
+    items = json.loads(base64.urlsafe_b64decode(text.encode()))
+    if not isinstance(items, list) or not all(isinstance(t, str) for t in items):
+        raise ValueError("expected a list of strings")
+    return tuple(items)
+
+
 INT = Codec(str, int)
 FLOAT = Codec(lambda x: repr(float(x)), _number)
 TEXT = Codec(str, str)
 FLAG = Codec(lambda b: "1" if b else "0", lambda s: {"1": True, "0": False}[s])
 IDS = Codec(lambda ids: ",".join(str(t) for t in ids), _ids)
+TEXTS = Codec(_texts_encode, _texts_decode)  # strings of any bytes, as base64 of a JSON list
 BIAS = Codec(lambda m: ",".join(f"{t}:{float(v)!r}" for t, v in sorted(m.items())), _pairs)
 
 
@@ -82,6 +96,17 @@ def _one_of(key: str, value: str, choices: tuple[str, ...]) -> None:
         raise OptionError(key, f"{key}={value!r} is not supported: expected {', '.join(choices[:-1])} or {choices[-1]}")
 
 
+#: llama.cpp's sampler letters (common/sampling.cpp) and names (llama-server's ``samplers``).
+STAGES: Mapping[str, str] = {
+    "e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
+    "m": "min_p", "x": "xtc", "t": "temperature", "a": "adaptive_p",
+}  # fmt: skip
+#: The chain's order when a request gives none: llama.cpp's, but min_p before top_p (Strata's
+#: order since its first sampler; seeded replies of the same request stay the same).
+DEFAULT_ORDER = "edskympxt"
+DRY_BREAKERS = ("\n", ":", '"', "*")  # llama.cpp's default sequence breakers
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """The sampling chain's settings (engine/sampler.py applies them; the defaults are
@@ -98,6 +123,26 @@ class SamplingParams:
     seed: int = _opt(0, INT)
     bias: Mapping[int, float] = _opt({}, BIAS)
     allowed: tuple[int, ...] | None = _opt(None, IDS)
+    # llama.cpp's further samplers (engine/stages.py, engine/dry.py); the defaults are off
+    typical_p: float = _opt(1.0, FLOAT)
+    top_n_sigma: float = _opt(-1.0, FLOAT)
+    xtc_probability: float = _opt(0.0, FLOAT)
+    xtc_threshold: float = _opt(0.1, FLOAT)
+    dry_multiplier: float = _opt(0.0, FLOAT)
+    dry_base: float = _opt(1.75, FLOAT)
+    dry_allowed_length: int = _opt(2, INT)
+    dry_penalty_last_n: int = _opt(64, INT)  # -1: the whole context
+    dry_sequence_breakers: tuple[str, ...] = _opt(DRY_BREAKERS, TEXTS)
+    dynatemp_range: float = _opt(0.0, FLOAT)
+    dynatemp_exponent: float = _opt(1.0, FLOAT)
+    mirostat: int = _opt(0, INT)
+    mirostat_tau: float = _opt(5.0, FLOAT)
+    mirostat_eta: float = _opt(0.1, FLOAT)
+    adaptive_target: float = _opt(-1.0, FLOAT)
+    adaptive_decay: float = _opt(0.9, FLOAT)
+    min_keep: int = _opt(0, INT)
+    #: the stages' order as llama.cpp's letters (``STAGES``); None: ``DEFAULT_ORDER``
+    samplers: str | None = _opt(None, TEXT)
 
     def __post_init__(self) -> None:
         _check("temperature", 0.0 <= self.temperature < math.inf, self.temperature, ">= 0")
@@ -114,6 +159,30 @@ class SamplingParams:
             _check("bias", v < math.inf, f"{i}:{v}", "a finite value or -inf")
         if self.allowed is not None:
             _check("allowed", len(self.allowed) > 0, "", "at least one token id")
+        self._check_stages()
+
+    def _check_stages(self) -> None:
+        """llama-server's ranges for its further samplers (and none that cuts every candidate)."""
+        for name in ("typical_p", "xtc_probability", "xtc_threshold"):
+            _check(name, 0.0 <= getattr(self, name) <= 1.0, getattr(self, name), "in [0, 1]")
+        for name in ("top_n_sigma", "dynatemp_exponent", "mirostat_tau", "mirostat_eta", "adaptive_target"):
+            _check(name, math.isfinite(getattr(self, name)), getattr(self, name), "finite")
+        for name in ("dry_multiplier", "dynatemp_range", "mirostat_tau", "mirostat_eta"):
+            _check(name, 0.0 <= getattr(self, name) < math.inf, getattr(self, name), ">= 0")
+        _check("dry_base", 1.0 <= self.dry_base < math.inf, self.dry_base, ">= 1")
+        _check("dry_allowed_length", self.dry_allowed_length >= 0, self.dry_allowed_length, ">= 0")
+        _check("dry_penalty_last_n", self.dry_penalty_last_n >= -1, self.dry_penalty_last_n,
+               ">= -1 (0 = off, -1 = the whole context)")  # fmt: skip
+        _check("dry_sequence_breakers", bool(self.dry_sequence_breakers) and all(self.dry_sequence_breakers),
+               list(self.dry_sequence_breakers), "a non-empty list of non-empty strings")  # fmt: skip
+        _check("mirostat", self.mirostat in (0, 1, 2), self.mirostat, "0 (off), 1 or 2")
+        _check("adaptive_target", self.adaptive_target <= 1.0, self.adaptive_target, "<= 1 (< 0 = off)")
+        _check("adaptive_decay", 0.0 <= self.adaptive_decay <= 0.99, self.adaptive_decay, "in [0, 0.99]")
+        _check("min_keep", self.min_keep >= 0, self.min_keep, ">= 0")
+        if self.samplers is not None:
+            bad = [c for c in self.samplers if c not in STAGES]
+            _check("samplers", bool(self.samplers) and not bad, repr(self.samplers),
+                   f"at least one stage, among {', '.join(STAGES.values())}")  # fmt: skip
 
     @property
     def greedy(self) -> bool:
@@ -122,12 +191,50 @@ class SamplingParams:
     @property
     def penalised(self) -> bool:
         neutral = (self.penalty_repeat, self.penalty_freq, self.penalty_present) == (1.0, 0.0, 0.0)
-        return self.penalty_last_n > 0 and not neutral
+        return self.penalty_last_n > 0 and not neutral and (self.samplers is None or "e" in self.samplers)
+
+    @property
+    def order(self) -> str:
+        return DEFAULT_ORDER if self.samplers is None else self.samplers
+
+    @property
+    def dry(self) -> bool:
+        """DRY is on (it adjusts the row, as the penalties do, greedy or not)."""
+        on = self.dry_multiplier != 0.0 and self.dry_penalty_last_n != 0
+        return on and (self.samplers is None or "d" in self.samplers)
+
+    @property
+    def extended(self) -> bool:
+        """A sampled pick goes through engine/stages.py's chain: a stage beyond top_k /
+        min_p / top_p / temperature is on, or the order is the request's own."""
+        return (self.samplers is not None or self.mirostat != 0 or self.min_keep > 1 or self.typical_p < 1.0
+                or self.top_n_sigma > 0.0 or self.dynatemp_range > 0.0
+                or (self.xtc_probability > 0.0 and self.xtc_threshold <= 0.5))  # fmt: skip
+
+    @property
+    def stateful(self) -> bool:
+        """Its picks keep state from token to token (Mirostat's mu, adaptive-p's average)."""
+        adaptive = self.adaptive_target >= 0.0 and "a" in self.order
+        return not self.greedy and (self.mirostat != 0 or adaptive)
+
+    @property
+    def windowless(self) -> bool:
+        """Speculative windows are off for it: a stage whose pick is not a function of the
+        row alone (DRY reads tokens a window has not kept, XTC and Mirostat draw, state)."""
+        return self.dry or (not self.greedy and self.extended)
+
+    @property
+    def history_n(self) -> int:
+        """How many of the latest tokens the row's stages read (penalties, DRY); -1: all."""
+        n = self.penalty_last_n if self.penalised else 0
+        if self.dry:
+            n = -1 if self.dry_penalty_last_n < 0 else max(n, self.dry_penalty_last_n)
+        return n
 
     @property
     def biased_argmax(self) -> bool:
         """Greedy over the raw row plus the logit bias, nothing else (``ignore_eos`` is a bias)."""
-        return self.greedy and self.allowed is None and not self.penalised
+        return self.greedy and self.allowed is None and not self.penalised and not self.dry
 
     @property
     def plain(self) -> bool:
@@ -222,7 +329,7 @@ def _set(obj: Any) -> Iterable[tuple[dataclasses.Field[Any], Any]]:
 
 _EXPECTED = {
     INT: "an integer", FLOAT: "a number", TEXT: "text", FLAG: "0 or 1", IDS: "token ids id,id,...",
-    BIAS: "id:value,...",
+    BIAS: "id:value,...", TEXTS: "a base64 JSON list of strings",
 }  # fmt: skip
 #: Every GEN key: the dataclass that holds it, and its codec.
 OWNERS: Mapping[str, type] = {

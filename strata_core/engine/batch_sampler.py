@@ -5,8 +5,10 @@ the position keying its Philox draw and, under a grammar, its mask. What is the 
 arithmetic for every row runs once over the matrix: the raw argmax of every plain row,
 then for the others logit bias, ``allowed``, penalties (one scatter each over all rows),
 the grammar masks (a row each), the "nothing permitted" check and the greedy picks (one
-argmax). A sampled row's cuts and draw run per row (sampler.truncate / sampler.draw), each
-with its own Philox uniform. Every value is computed by the same float32 / float64
+argmax). DRY's sequence matching runs per row, over the row's own history. A sampled row's
+cuts and draw run per row (sampler.pick: the cuts in its order, each with its own Philox
+uniforms and its request's state); a row that uses none of llama.cpp's further stages
+takes the same path as before they existed. Every value is computed by the same float32 / float64
 operations as sampler.sample on that row alone, so a token never depends on the rows
 beside it (tests/test_batch_sampler.py checks this row by row).
 """
@@ -20,8 +22,9 @@ import numpy as np
 import numpy.typing as npt
 
 from strata_core.contract.options import SamplingParams
-from strata_core.engine import philox
-from strata_core.engine.sampler import F32, draw, truncate
+from strata_core.engine import dry
+from strata_core.engine.sampler import F32, pick
+from strata_core.engine.stages import SamplerState
 
 
 class Row(NamedTuple):
@@ -32,6 +35,7 @@ class Row(NamedTuple):
     position: int  # keys the Philox draw
     stream: int = 0
     mask: npt.NDArray[np.bool_] | None = None  # True = permitted (a grammar's)
+    state: SamplerState | None = None  # the request's (DRY's breakers, Mirostat's mu, ...)
 
 
 #: Any plain row (greedy over the raw logits, no mask): its token needs nothing else.
@@ -95,6 +99,9 @@ def _adjusted_rows(
         if r.mask is not None:
             x[i] = np.where(r.mask, x[i], F32(-np.inf))
     bad = _penalise(x, rows)
+    for i, r in enumerate(rows):  # DRY's matching is the row's own history's
+        if r.params.dry and i not in bad:
+            x[i] = dry.apply(x[i], r.history, r.params, r.state.breakers if r.state is not None else {})
     alive = x.max(axis=1) > -np.inf
     greedy = np.fromiter((r.params.greedy for r in rows), bool, len(rows))
     picks = np.argmax(x, axis=1) if greedy.any() else None
@@ -107,8 +114,7 @@ def _adjusted_rows(
         elif picks is not None and greedy[i]:
             tokens[at] = picks[i]
         else:
-            p = r.params
-            tokens[at] = draw(truncate(x[i], p), p.temperature, philox.uniform(p.seed, r.position, r.stream))
+            tokens[at] = pick(x[i], r.params, r.position, r.stream, r.state)
 
 
 def _scatter(rows: list[Row], ids_of: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:

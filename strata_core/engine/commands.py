@@ -11,6 +11,7 @@ import numpy as np
 
 from strata_core.contract import protocol as proto
 from strata_core.contract.options import GenOptions
+from strata_core.engine import dry
 from strata_core.engine.adapters import Adapters
 from strata_core.engine.budget import ThinkBudget
 from strata_core.engine.emitter import Emit
@@ -19,6 +20,9 @@ from strata_core.engine.llama import Llama
 from strata_core.engine.loop import Engine
 from strata_core.engine.request import Request
 from strata_core.engine.slots import slot_action
+from strata_core.engine.stages import SamplerState
+
+_BREAKER_SETS = 16  # DRY breaker sets kept matched to the vocabulary (0.2 s each on 49k tokens)
 
 
 class Commands:
@@ -35,6 +39,8 @@ class Commands:
         self.grammars = Grammars(lambda: llama.grammar_tokenizer(sorted(self.eog)), llama.n_vocab)
         self.warned: set[str] = set()
         self.adapters = Adapters(llama, engine)
+        self._pieces: tuple[bytes, ...] | None = None  # the vocabulary's pieces, once DRY needs them
+        self._breakers: dict[tuple[str, ...], dry.Breakers] = {}  # by breaker texts
 
     def handle(self, cmd: Any) -> bool:
         """Apply one command; False once QUIT was seen."""
@@ -115,16 +121,29 @@ class Commands:
             return fail(f"lora names adapter {unknown[0]}; this engine has {llama.lora_loaded() or 'none'} loaded")
         # other adapter scales than the defaults in force: decoded apart, no shared cache
         lora = self.adapters.own_scales(dict(opts.lora or {}))
+        s = opts.sampling
+        state = SamplerState(breakers=self.breakers(s.dry_sequence_breakers) if s.dry else {})
         budget = None
         if opts.think_budget is not None:  # forced tokens: no speculative windows for it
             budget = ThinkBudget(opts.think_budget, opts.think_close, llama.piece, opts.think_open)
         self.engine.submit(
             Request(cmd.rid, prompt, opts.sampling, opts.max_tokens or llama.n_ctx, frozenset(opts.stop_ids) | self.eog,
                     opts.logprobs, logprobs_processed=opts.logprobs_mode == "processed", grammar=grammar,
-                    spec_k=self.spec_k if opts.spec != "off" and budget is None and not media else 0,
-                    spec_draft=opts.spec == "draft" and not media, isolate=opts.isolate or lora is not None,
-                    budget=budget, lora=lora, media=media)
+                    spec_k=self.spec_k if opts.spec != "off" and budget is None and not media and not s.windowless else 0,
+                    spec_draft=opts.spec == "draft" and not media and not s.windowless, isolate=opts.isolate or lora is not None,
+                    budget=budget, lora=lora, media=media, sampling=state)
         )  # fmt: skip
+
+    def breakers(self, texts: tuple[str, ...]) -> dry.Breakers:
+        """DRY's breaker sequences for ``texts`` on this vocabulary (computed once a set)."""
+        if texts not in self._breakers:
+            llama = self.llama
+            if self._pieces is None:
+                self._pieces = tuple(llama.piece(t) for t in range(llama.n_vocab))
+            if len(self._breakers) >= _BREAKER_SETS:  # clients' own sets: keep the latest few
+                del self._breakers[next(iter(self._breakers))]
+            self._breakers[texts] = dry.breakers(texts, self._pieces, lambda b: llama.tokenize(b, False, False))
+        return self._breakers[texts]
 
     def embed(self, cmd: proto.Embed) -> None:
         """One input's embedding, between two steps (on the main thread, the only one that

@@ -139,8 +139,8 @@ class Emitter:
         assert req is not None and req.logprobs is not None
         params = req.params
         if req.logprobs_processed:
-            history = slot.cached[-params.penalty_last_n :] if params.penalty_last_n else ()
-            lps, top = processed_logprobs(row, req.logprobs, params, history, mask)
+            history = slot.history(params.history_n)
+            lps, top = processed_logprobs(row, req.logprobs, params, history, mask, req.sampling)
         else:
             lps, top = top_logprobs(row, req.logprobs, params.allowed)
         self.emit(proto.Logprob(req.rid, float(lps[tok]), tuple(top)))

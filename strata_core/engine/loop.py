@@ -171,10 +171,7 @@ class Engine:
         if req.plain:
             return PLAIN
         params, n = req.params, len(slot.cached)
-        if not params.penalised:
-            return Row(params, (), n + len(ahead or ()), 0, mask)
-        history = (slot.cached + (ahead or []))[-params.penalty_last_n :]
-        return Row(params, history, n + len(ahead or ()), 0, mask)
+        return Row(params, slot.history(params.history_n, ahead), n + len(ahead or ()), 0, mask, req.sampling)
 
     def emit_row(self, slot: Slot, row: np.ndarray | None, out: Sampled, i: int, mask: np.ndarray | None) -> int | None:
         if i in out.errors:  # nothing permitted: this request's problem, not the batch's

@@ -44,13 +44,26 @@ def uniform(seed: int, position: int, stream: int = 0) -> float:
     32, stream, 0). The top 53 bits of ``word0 << 32 | word1`` scaled by 2**-53, so every
     value is exactly representable and 1.0 is never returned.
     """
+    w0, w1, _, _ = _block(seed, position, stream)
+    return _unit(w0, w1)
+
+
+def uniforms(seed: int, position: int, stream: int = 0) -> tuple[float, float]:
+    """``uniform``'s draw and a second, independent one from the same block's other two
+    words (XTC's chance)."""
+    w0, w1, w2, w3 = _block(seed, position, stream)
+    return _unit(w0, w1), _unit(w2, w3)
+
+
+def _unit(hi: int, lo: int) -> float:
+    return ((hi << 32 | lo) >> 11) * 2.0**-53
+
+
+def _block(seed: int, position: int, stream: int) -> Counter:
     if not 0 <= seed < 1 << 64:
         raise ValueError(f"seed={seed} is out of range: expected 0 <= seed < 2**64")
     if not 0 <= position < 1 << 64:
         raise ValueError(f"position={position} is out of range: expected 0 <= position < 2**64")
     if not 0 <= stream < 1 << 32:
         raise ValueError(f"stream={stream} is out of range: expected 0 <= stream < 2**32")
-    w0, w1, _, _ = philox4x32(
-        (position & _MASK32, position >> 32, stream, 0), (seed & _MASK32, seed >> 32)
-    )
-    return ((w0 << 32 | w1) >> 11) * 2.0**-53
+    return philox4x32((position & _MASK32, position >> 32, stream, 0), (seed & _MASK32, seed >> 32))

@@ -13,6 +13,7 @@ from strata_core.engine.budget import ThinkBudget
 from strata_core.engine.grammar import GrammarMatcher
 from strata_core.engine.media_runs import MediaItem
 from strata_core.engine.sampler import SamplingParams
+from strata_core.engine.stages import SamplerState
 
 #: A logit bias as sorted (id, value) pairs: what an argmax picked in the decode is taken
 #: under (``Request.device_key``, ``Llama.greedy_on_device``).
@@ -44,6 +45,8 @@ class Request:
     #: its slot's cache, computed under them, is dropped when it ends
     lora: tuple[float, ...] | None = None
     media: dict[int, MediaItem] = field(default_factory=dict)  # the prompt's media items, by placeholder
+    #: what its picks carry from token to token (DRY's breakers, Mirostat's mu, ...)
+    sampling: SamplerState = field(default_factory=SamplerState)
     #: speculation's own state for it (speculation/state.py), given when it is submitted;
     #: opaque here: a request knows nothing of how its windows are decided
     spec: Any = None
@@ -112,6 +115,14 @@ class Slot:
         ``first`` keeps."""
         kept = self.first.get(n)
         return kept is not None and (isinstance(kept, np.ndarray) or kept[0] == req.device_key)
+
+    def history(self, n: int, ahead: list[int] | None = None) -> list[int]:
+        """The last ``n`` tokens (-1: all) before the next row, window drafts ``ahead`` taken
+        as kept: what its penalties and DRY read."""
+        if n == 0:
+            return []
+        tokens = self.cached + ahead if ahead else self.cached
+        return tokens if n < 0 else tokens[-n:]
 
     def clear(self) -> None:
         """The request leaves the slot (its cache stays)."""

@@ -25,7 +25,8 @@ import numpy as np
 import numpy.typing as npt
 
 from strata_core.contract.options import SamplingParams
-from strata_core.engine import philox
+from strata_core.engine import dry, philox, stages
+from strata_core.engine.stages import SamplerState
 
 F32 = np.float32
 _FIRST_BLOCK = 256  # candidates sorted before a lazy walk widens its prefix
@@ -133,19 +134,37 @@ def candidates(x: np.ndarray, top_k: int) -> Candidates:
     return Candidates(ids, x[ids], False)
 
 
-def apply_min_p(c: Candidates, min_p: float) -> Candidates:
+def apply_min_p(c: Candidates, min_p: float, t: float = 1.0, min_keep: int = 0) -> Candidates:
+    """Keep p >= min_p * p_max at temperature t (at least min_keep of the head)."""
     if min_p <= 0.0:
         return c
-    keep = c.logits >= np.float64(float(c.logits.max()) + math.log(min_p))  # compared in f64
+    keep = c.logits >= np.float64(float(c.logits.max()) + t * math.log(min_p))  # compared in f64
+    if int(keep.sum()) < min_keep:
+        return _head(c, min_keep)
     return Candidates(c.ids[keep], c.logits[keep], c.ordered)
 
 
-def apply_top_p(c: Candidates, top_p: float) -> Candidates:
+def apply_top_p(c: Candidates, top_p: float, t: float = 1.0, min_keep: int = 0) -> Candidates:
+    """The shortest head whose mass at temperature t reaches top_p (at least min_keep)."""
     if top_p >= 1.0:
         return c
-    w = _weights(c, 1.0)
+    w = _weights(c, t)
     pos, i = _walk(c, w, top_p * _mass(c, w), "left")
+    if i + 1 < min_keep:
+        return _head(c, min_keep)
     return Candidates(c.ids[pos[: i + 1]], c.logits[pos[: i + 1]], True)
+
+
+def _head(c: Candidates, k: int) -> Candidates:
+    """The k best candidates, in candidate order."""
+    pos = np.arange(min(k, c.ids.size)) if c.ordered else _first(c.logits, min(k, c.ids.size))
+    return Candidates(c.ids[pos], c.logits[pos], True)
+
+
+def _by_id(c: Candidates, keep: np.ndarray) -> Candidates:
+    """The candidates at positions ``keep``, in ascending id order."""
+    keep = keep[np.argsort(c.ids[keep], kind="stable")]
+    return Candidates(c.ids[keep], c.logits[keep], False)
 
 
 def draw(c: Candidates, temperature: float, u: float) -> int:
@@ -161,14 +180,105 @@ def sample(
     position: int,
     stream: int = 0,
     mask: np.ndarray | None = None,
+    state: SamplerState | None = None,
 ) -> int:
-    """One token id from a float32 logits row; position keys the Philox draw."""
+    """One token id from a float32 logits row; position keys the Philox draw; ``state``:
+    the request's (DRY's breakers, Mirostat's and adaptive-p's running values)."""
     if params.plain and mask is None:
         return int(np.argmax(logits))
-    x = permitted(logits, params, history, mask)
+    x = permitted(logits, params, history, mask, state)
     if params.greedy:
         return int(np.argmax(x))
-    return draw(truncate(x, params), params.temperature, philox.uniform(params.seed, position, stream))
+    return pick(x, params, position, stream, state)
+
+
+def pick(x: np.ndarray, params: SamplingParams, position: int, stream: int, state: SamplerState | None) -> int:
+    """A sampled pick from an adjusted row: the cuts, the temperature and the draw."""
+    if not params.extended:
+        return draw(truncate(x, params), params.temperature, philox.uniform(params.seed, position, stream))
+    u, u_xtc = philox.uniforms(params.seed, position, stream)
+    state = state if state is not None else SamplerState()
+    if params.mirostat:
+        return _mirostat(x, params, u, state)
+    c, t = chain(x, params, u_xtc)
+    if params.adaptive_target >= 0.0 and "a" in params.order:
+        return _adaptive(c, t, params, u, state)
+    return draw(c, t, u)
+
+
+def chain(x: np.ndarray, p: SamplingParams, u_xtc: float | None) -> tuple[Candidates, float]:
+    """The candidates an extended pick draws from and the temperature it draws at: the cut
+    stages in the request's order (penalties and DRY ran on the row already); XTC
+    applies when its draw ``u_xtc`` falls at or under its probability (None: never)."""
+    c, t = candidates(x, 0), 1.0
+    for stage in p.order:
+        if stage == "k" and 0 < p.top_k < c.ids.size:
+            c = _head(c, p.top_k)
+        elif stage == "m":
+            c = apply_min_p(c, p.min_p, t, p.min_keep)
+        elif stage == "p":
+            c = apply_top_p(c, p.top_p, t, p.min_keep)
+        elif stage == "s" and p.top_n_sigma > 0.0 and c.ids.size > 1:
+            c = _by_id(c, np.flatnonzero(stages.top_n_sigma(c.logits, t, p.top_n_sigma)))
+        elif stage == "y" and p.typical_p < 1.0:
+            c = _head(c, c.ids.size)
+            c = _by_id(c, stages.typical(c.logits, t, p.typical_p, p.min_keep))
+        elif stage == "x" and u_xtc is not None and _xtc_fires(p, u_xtc) and c.ids.size > 1:
+            c = _head(c, c.ids.size)
+            drop = stages.xtc(c.logits, t, p.xtc_threshold, p.min_keep)
+            c = Candidates(c.ids[drop:], c.logits[drop:], True)
+        elif stage == "t":
+            c, t = _temperature(c, t, p)
+    return c, t
+
+
+def _xtc_fires(p: SamplingParams, u: float) -> bool:
+    return p.xtc_probability > 0.0 and p.xtc_threshold <= 0.5 and u <= p.xtc_probability
+
+
+def _temperature(c: Candidates, t: float, p: SamplingParams) -> tuple[Candidates, float]:
+    """Temperature, or the dynamic one; a temperature of 0 leaves the best candidate alone."""
+    if p.dynatemp_range <= 0.0:
+        return c, t * p.temperature
+    if c.ids.size <= 1:
+        return c, t
+    dyn = stages.dynatemp(c.logits, t, p)
+    return (_head(c, 1), t) if dyn <= 0.0 else (c, t * dyn)
+
+
+def _mirostat(x: np.ndarray, p: SamplingParams, u: float, state: SamplerState) -> int:
+    """Mirostat v1 / v2 over the whole adjusted row at the temperature (llama.cpp's chain
+    in Mirostat mode has no other cut); mu moves toward the target surprise."""
+    c = candidates(x, 0)
+    mu = state.mu if state.mu is not None else 2.0 * p.mirostat_tau
+    q = stages.softmax(c.logits, p.temperature)  # ascending id: only the head is sorted
+    if p.mirostat == 1:
+        q = q[_first(c.logits, min(stages.MIROSTAT_M, q.size))]
+    head = _head(c, stages.mirostat_cut(q, p, mu, x.size))
+    q = stages.softmax(head.logits, p.temperature)
+    i = stages.choose(q, u)
+    state.mu = stages.mirostat_update(mu, p, float(q[i]))
+    return int(head.ids[i])
+
+
+def _adaptive(c: Candidates, t: float, p: SamplingParams, u: float, state: SamplerState) -> int:
+    """adaptive-p's pick from the chain's survivors; the picked token's probability before
+    the transform moves the running average."""
+    c = _head(c, c.ids.size)
+    q = stages.softmax(c.logits, t)
+    i = stages.choose(stages.softmax(stages.adaptive_logits(q, p, state), 1.0), u)
+    stages.adaptive_update(state, p, float(q[i]))
+    return int(c.ids[i])
+
+
+def survivors(x: np.ndarray, params: SamplingParams) -> tuple[Candidates, float]:
+    """The candidates a sampled pick draws from and its temperature, as far as they follow
+    from the row alone (XTC's draw, Mirostat's and adaptive-p's state left out)."""
+    if not params.extended:
+        return truncate(x, params), params.temperature
+    if params.mirostat:
+        return candidates(x, 0), params.temperature
+    return chain(x, params, None)
 
 
 def adjust(
@@ -176,10 +286,12 @@ def adjust(
     params: SamplingParams,
     history: Sequence[int] | np.ndarray,
     mask: np.ndarray | None = None,
+    state: SamplerState | None = None,
 ) -> np.ndarray:
-    """The chain's first stages, which greedy picks run too: bias -> mask -> penalties."""
+    """The chain's first stages, which greedy picks run too: bias -> mask -> penalties -> DRY."""
     x = apply_logit_bias(np.asarray(logits, F32), params.bias)
-    return apply_penalties(apply_mask(x, params.allowed, mask), history, params)
+    x = apply_penalties(apply_mask(x, params.allowed, mask), history, params)
+    return dry.apply(x, history, params, state.breakers if state is not None else {}) if params.dry else x
 
 
 def permitted(
@@ -187,9 +299,10 @@ def permitted(
     params: SamplingParams,
     history: Sequence[int] | np.ndarray,
     mask: np.ndarray | None = None,
+    state: SamplerState | None = None,
 ) -> np.ndarray:
     """``adjust``, refusing a row in which no token survives (ValueError)."""
-    x = adjust(logits, params, history, mask)
+    x = adjust(logits, params, history, mask, state)
     if not x.max() > -np.inf:
         raise ValueError("no token is permitted: allowed / grammar mask / bias excluded all")
     return x
@@ -205,16 +318,17 @@ def probabilities(
     params: SamplingParams,
     history: Sequence[int] | np.ndarray,
     mask: np.ndarray | None = None,
+    state: SamplerState | None = None,
 ) -> npt.NDArray[np.float64]:
     """The distribution ``sample`` draws from, over the whole vocabulary (float64): the
     survivors of the chain weighted at the temperature; a point mass when greedy."""
-    x = permitted(logits, params, history, mask)
+    x = permitted(logits, params, history, mask, state)
     p = np.zeros(x.size, np.float64)
     if params.greedy:
         p[int(np.argmax(x))] = 1.0
         return p
-    c = truncate(x, params)
-    w = _weights(c, params.temperature)
+    c, t = survivors(x, params)
+    w = _weights(c, t)
     p[c.ids] = w / _mass(c, w)
     return p
 
@@ -235,6 +349,7 @@ def processed_logprobs(
     params: SamplingParams,
     history: Sequence[int] | np.ndarray,
     mask: np.ndarray | None = None,
+    state: SamplerState | None = None,
 ) -> tuple[np.ndarray, list[tuple[int, float]]]:
     """The distribution ``sample`` draws from, as log-probabilities, and its k best.
 
@@ -244,12 +359,12 @@ def processed_logprobs(
     distribution is the log-softmax of the adjusted row (vLLM's processed_logprobs does
     the same).
     """
-    x = permitted(logits, params, history, mask)
+    x = permitted(logits, params, history, mask, state)
     if params.greedy:
         return _log_softmax_top(x, k)
-    c = truncate(x, params)
+    c, t = survivors(x, params)
     # over the survivors only: a row that is mostly -inf is slow to partition
-    z = (c.logits.astype(np.float64) - float(c.logits.max())) / params.temperature
+    z = (c.logits.astype(np.float64) - float(c.logits.max())) / t
     lz = (z - math.log(np.exp(z).sum())).astype(F32)
     lp = np.full(x.size, -np.inf, F32)
     lp[c.ids] = lz

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from strata_core.schema.requests import MinP, Penalty, RepetitionPenalty, Temperature, TopP
+from strata_core.schema.sampling import LlamaSampling
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -282,8 +283,9 @@ class EngineConfig(_Section):
         return self
 
 
-class SamplingConfig(_Section):
-    """Defaults for fields a request leaves out; the request always wins."""
+class SamplingConfig(_Section, LlamaSampling):
+    """Defaults for fields a request leaves out; the request always wins (llama-server's
+    further fields, by its names: LlamaSampling)."""
 
     temperature: Temperature = None
     top_p: TopP = None

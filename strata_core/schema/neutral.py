@@ -31,9 +31,7 @@ DEFAULTS: dict[str, tuple[Any, ...]] = {
     "stream_options": ({"include_obfuscation": True}, {"include_obfuscation": False}),  # Responses: no padding is needed
     "suffix": ("",),  # Ollama's generate: no text after the insertion point
     "template": ("",),  # Ollama's generate: the model's own template
-    "mirostat": (0,),  # Ollama's options: sampling Strata does not have, at "off"
-    "typical_p": (1.0,),
-    "tfs_z": (1.0,),
+    "tfs_z": (1.0,),  # Ollama's options: tail-free sampling (llama.cpp dropped it), at "off"
 }
 
 

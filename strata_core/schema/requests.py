@@ -31,6 +31,7 @@ from strata_core.contract.options import (
 
 from .errors import ApiError, from_validation_error
 from .neutral import drop_neutral
+from .sampling import LlamaSampling
 
 #: Most choices one request may ask for.
 MAX_N = 16
@@ -378,8 +379,8 @@ class ChatMessage(_Strict):
         return self
 
 
-class BaseRequest(_Strict):
-    """Fields both endpoints share."""
+class BaseRequest(_Strict, LlamaSampling):
+    """Fields both endpoints share (llama-server's further sampling fields: LlamaSampling)."""
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
