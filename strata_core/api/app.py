@@ -17,6 +17,7 @@ from strata_core.api import (
     ollama,
     rerank,
     responses,
+    router,
     status,
     tokenize,
 )
@@ -29,7 +30,7 @@ from strata_core.api.tracing import start_tracing, stop_tracing
 from strata_core.api.web import add_web_routes
 from strata_core.schema.errors import ApiError
 
-FAMILIES = (completions, responses, messages, embeddings, rerank, tokenize, ollama, status)
+FAMILIES = (completions, responses, messages, embeddings, rerank, tokenize, ollama, status, router)
 
 
 def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
@@ -46,6 +47,8 @@ def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None =
         if on_ready is not None:
             await on_ready()
         yield
+        if hasattr(app.state, "downloads"):
+            app.state.downloads.close()
         await pool.close()
         stop_tracing()
 

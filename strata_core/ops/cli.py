@@ -267,7 +267,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logs = log_for(log_path, [*(cfg.models or [None]), *(["catalog"] if cfg.server.catalog else [])])
     specs = model_specs(cfg, logs)
     source = CatalogSource(cfg, logs) if cfg.server.catalog else None
-    pool = ModelPool(specs, cfg.server.max_loaded, cfg.server.idle_ttl_s, source)
+    pool = ModelPool(specs, cfg.server.max_loaded, cfg.server.idle_ttl_s, source, cfg.server.sleep_idle_s)
     console_logging(args.log_level)
     for spec in specs:
         where = f"; the engine logs to {spec.log_path}" if spec.log_path else ""

@@ -308,9 +308,29 @@ def fetch(ref: HubRef, f: HubFile, commit: str, progress: Progress | None = None
     return path
 
 
-def pull(ref: HubRef, progress: Progress | None = None, bars: bool | None = None) -> Pulled:
-    """Fetch what ``ref`` names (nothing when the cache has it); ``bars``: progress bars
-    (default: when stderr is a terminal)."""
+@dataclass(frozen=True)
+class Plan:
+    """What a pull fetches: the choice from the hub's listing (or, offline or with the hub
+    unreachable, from the cache's), at which commit."""
+
+    ref: HubRef
+    choice: Choice
+    commit: str
+    local: bool  # from the cache only
+
+    @property
+    def files(self) -> list[HubFile]:
+        return [*self.choice.parts, *([self.choice.mmproj] if self.choice.mmproj else [])]
+
+    @property
+    def name(self) -> str:
+        """The model's name once pulled, as the catalog names it (``OWNER/REPO:QUANT``)."""
+        return f"{self.ref.repo}:{self.choice.quant}"
+
+
+def plan(ref: HubRef) -> Plan:
+    """List what ``ref`` names, fetching nothing: NotOnHub (no such repository, revision or
+    quant), HubUnreachable (and nothing cached), ModelError (a listing refused)."""
     try:
         import huggingface_hub  # noqa: F401
     except ImportError:
@@ -329,23 +349,28 @@ def pull(ref: HubRef, progress: Progress | None = None, bars: bool | None = None
     else:
         files, commit = cached_files(ref)
     try:
-        choice = choose(files, ref.quant, ref.repo)
+        return Plan(ref, choose(files, ref.quant, ref.repo), commit, local)
     except ModelError as exc:
         if not local:
             raise
         raise NotOnHub(f"offline, from the cache: {exc}") from None
-    wanted = [*choice.parts, *([choice.mmproj] if choice.mmproj else [])]
+
+
+def pull(ref: HubRef, progress: Progress | None = None, bars: bool | None = None, planned: Plan | None = None) -> Pulled:
+    """Fetch what ``ref`` names (nothing when the cache has it); ``bars``: progress bars
+    (default: when stderr is a terminal); ``planned``: its ``plan`` when already made."""
+    p = planned or plan(ref)
     show = sys.stderr.isatty() if bars is None else bars
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
         with _bars(show and progress is None):
-            paths = [fetch(ref, f, commit, progress, local) for f in wanted]
+            paths = [fetch(ref, f, p.commit, progress, p.local) for f in p.files]
     except LocalEntryNotFoundError as exc:
         raise HubUnreachable(f"{ref}: not in the cache and the hub cannot be reached: {exc}") from None
     except network_errors() as exc:
         raise HubUnreachable(f"{ref}: the download failed: {exc}") from None
-    if not local:
-        remember(ref, commit)
-    mmproj = paths[len(choice.parts)] if choice.mmproj else None
-    return Pulled(ref, choice.quant, paths[0], mmproj, commit)
+    if not p.local:
+        remember(ref, p.commit)
+    mmproj = paths[len(p.choice.parts)] if p.choice.mmproj else None
+    return Pulled(ref, p.choice.quant, paths[0], mmproj, p.commit)
