@@ -212,14 +212,18 @@ class ModelPool:
             await self._unload(m)
 
     async def unload(self, name: str) -> bool:
-        """Stop a model's engine (``POST /models/unload``; running requests finish first);
-        False when it was not running."""
+        """Stop a model's engine (``POST /models/unload``; running requests finish first, a
+        load under way too); a sleeping model is unloaded. False when it was not running."""
         m = self.models[name]
-        if m.service is None:
-            return False
-        log.info("unloading model %s", name)
-        await self._unload(m)
-        return True
+        if m.state == "sleeping":
+            self._set(m, "unloaded")
+            return True
+        async with m.lock:  # a load under way ends first
+            if m.service is None:
+                return False
+            log.info("unloading model %s", name)
+            await self._unload(m)
+            return True
 
     async def drop(self, name: str) -> None:
         """Stop and forget a model (its files were removed)."""

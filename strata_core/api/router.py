@@ -85,7 +85,8 @@ async def load(request: Request) -> dict[str, Any]:
 
 @router.post("/models/unload")
 async def unload(request: Request) -> dict[str, Any]:
-    """Stop a model's engine once its running requests finish; 400 when it is not running."""
+    """Stop a model's engine once its running requests finish (a loading one once it is
+    loaded; a sleeping one is only marked unloaded); 400 when it is not running."""
     pool = pool_of(request)
     m = pool.entry(parse_request(ModelName, await json_body(request)).model)
     if not await pool.unload(m.spec.name):
