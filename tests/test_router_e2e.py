@@ -250,3 +250,34 @@ def test_ollama_pull_streams_progress_and_refuses_clearly(served: tuple[Server, 
         with pytest.raises(ollama.ResponseError) as e:
             list(client.pull(model, stream=True))  # refused before the stream starts: a status, not a line
         assert e.value.status_code == status and words in e.value.error
+
+
+@pytest.fixture(scope="module")
+def sleepy(served: tuple[Server, FakeHub, Path]) -> Iterator[Server]:
+    """One model (no [models.*], no catalog) whose engine sleeps after a second idle."""
+    d = served[2]
+    args = ["--backend", "cpu", "--model", str(d / "tiny.gguf"), "--n-ctx", "512", "--sleep-idle-seconds", "1"]
+    with Server(args, d / "sleepy.log") as srv:
+        yield srv
+
+
+def test_an_idle_engine_sleeps_and_the_next_request_wakes_it(sleepy: Server) -> None:
+    base = sleepy.base
+    (name,) = listed(base)
+    events = Events(base)
+    try:
+        events.wait(name, "status_change", "sleeping", timeout=30)
+        # what asks about the server neither wakes it nor keeps it awake (llama-server's list)
+        for _ in range(2):
+            assert httpx.get(f"{base}/health", timeout=60).json() == {"status": "ok"}
+            assert listed(base)[name]["status"]["value"] == "sleeping"
+            assert metric(base, "strata_model_state", model=name, state="sleeping") == 1
+            time.sleep(0.6)
+        assert httpx.get(f"{base}/v1/strata/backend", timeout=60).json()["models"][name]["loaded"] is False
+        r = httpx.post(f"{base}/v1/completions", json={**PROMPT, "model": name}, timeout=120)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        woke = [e["data"]["status"] for e in events.seen if e["event"] == "status_change"]
+        assert woke[-3:] == ["sleeping", "loading", "loaded"] or woke[-4:-1] == ["sleeping", "loading", "loaded"]
+        assert metric(base, "strata_model_loads_total", model=name) == 2  # at start, and the wake
+    finally:
+        events.close()

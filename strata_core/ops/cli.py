@@ -90,7 +90,8 @@ def _config(args: argparse.Namespace) -> Config:
             "mmproj": getattr(args, "mmproj", None),
         },
         "server": {"host": getattr(args, "host", None), "port": getattr(args, "port", None),
-                   "otlp_traces_endpoint": getattr(args, "otlp_traces_endpoint", None)},  # fmt: skip
+                   "otlp_traces_endpoint": getattr(args, "otlp_traces_endpoint", None),
+                   "sleep_idle_s": getattr(args, "sleep_idle_seconds", None)},  # fmt: skip
         "cluster": {"replicas": getattr(args, "replicas", None)},
         "speculative": {
             "draft_model": getattr(args, "draft_model", None),
@@ -338,6 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-ctx", type=int, help="context per slot")
     p.add_argument("--draft-model", help='speculate with this draft GGUF (sets [speculative] mode = "draft")')
     p.add_argument("--mmproj", help="the model's multimodal projector GGUF: it takes images (and audio)")
+    p.add_argument("--sleep-idle-seconds", type=float, metavar="S",
+                   help="stop a model's engine after S seconds without a request; the next one wakes it ([server] sleep_idle_s)")  # fmt: skip
     p.add_argument("--replicas", type=int,
                    help="serve through this many Ray Serve replicas, one engine each (needs "
                         "strata[ray]; sets [cluster] replicas)")  # fmt: skip
