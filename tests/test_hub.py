@@ -190,6 +190,44 @@ def test_catalog_names_and_rm(fake_hub: FakeHub) -> None:
     assert catalog.local_models()[0].mmproj is not None  # kept: the other quant uses it
 
 
+def test_strata_pull_shows_the_hub_clients_progress_bar_on_a_terminal(fake_hub: FakeHub) -> None:
+    import fcntl
+    import pty
+    import struct
+    import termios
+    import threading
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    main, sub = pty.openpty()
+    fcntl.ioctl(sub, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a new one is 0 wide: tqdm draws nothing
+    shown = bytearray()
+
+    def read() -> None:  # while it runs: a terminal's buffer is small
+        while True:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # the other end closed
+                return
+            if not chunk:
+                return
+            shown.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        done = subprocess.run([sys.executable, "-m", "strata_core.ops.cli", "pull", f"{REPO}:Q8_0"],
+                              stdout=subprocess.PIPE, stderr=sub, env=env, timeout=120)  # fmt: skip
+    finally:
+        os.close(sub)
+        reader.join(10)
+        os.close(main)
+    text = shown.decode(errors="replace")
+    assert done.returncode == 0, text
+    # tqdm's bar, as huggingface_hub draws it: the file's name, redrawn in place up to 100%
+    bar = [ln for ln in text.split("\r") if "Tiny-Q8_0.gguf" in ln and "%|" in ln]
+    assert bar and "100%" in bar[-1], text
+
+
 def test_strata_pull_command_logs_one_line_per_file(fake_hub: FakeHub) -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
     done = subprocess.run([sys.executable, "-m", "strata_core.ops.cli", "pull", f"{REPO}:Q2_K"],
