@@ -124,6 +124,32 @@ def test_download_resumes_after_the_connection_is_cut(fake_hub: FakeHub, monkeyp
     assert 0 < start < len(FILES[name])  # the second request asked only for the rest
 
 
+def test_a_stopped_pull_resumes_where_it_stopped(fake_hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pull stopped mid-file (here by its progress callback, as a killed process would
+    stop it) keeps what it wrote; the next pull asks only for the rest."""
+    import huggingface_hub.constants
+
+    chunk = 16 * 1024
+    monkeypatch.setattr(huggingface_hub.constants, "DOWNLOAD_CHUNK_SIZE", chunk)
+    name = "Tiny-Q8_0.gguf"
+
+    class Stopped(Exception):
+        pass
+
+    def stop(f: hub.HubFile, done: int, total: int | None) -> None:
+        if done > 2 * chunk:  # two chunks written, the third not
+            raise Stopped
+
+    with pytest.raises(Stopped):
+        hub.pull(hub.parse_ref(f"hf:{REPO}:Q8_0"), progress=stop)
+    assert catalog.local_models() == []
+    got = hub.pull(hub.parse_ref(f"hf:{REPO}:Q8_0"))
+    assert got.path.read_bytes() == FILES[name]
+    first, second = fake_hub.downloads(name)
+    assert "range" not in first and second["range"] == f"bytes={2 * chunk}-"
+    assert not list(got.path.parents[2].glob("blobs/*.incomplete"))
+
+
 def test_checksum_mismatch_is_refused_and_not_cached(fake_hub: FakeHub) -> None:
     fake_hub.corrupt.add("Tiny-Q8_0.gguf")
     with pytest.raises(ModelError, match="sha256"):

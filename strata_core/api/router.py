@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
-from strata_core.api import downloads
+from strata_core.api import downloads, openapi
 from strata_core.api.bodies import sse
 from strata_core.api.pool import Loaded, ModelPool, status_data
 from strata_core.api.service import json_body
@@ -26,12 +26,26 @@ from strata_core.schema.requests import Strict, parse_request
 router = APIRouter()
 
 SUCCESS = {"success": True}
+_SUCCESS = {"type": "object", "required": ["success"], "properties": {"success": {"const": True}}}
+_LIST = {"type": "object", "required": ["object", "data"],
+         "properties": {"data": {"type": "array", "items": {"type": "object", "required": ["id", "status"]}}}}  # fmt: skip
+#: What changing the hub's cache may answer besides (downloads.check_managed, downloads.pull_error).
+_MANAGING: dict[int | str, dict[str, Any]] = {403: openapi.error_response("model management is off ([server] catalog = false)"),
+             502: openapi.error_response("the hub cannot be reached, or sent what was refused")}  # fmt: skip
 
 
 class ModelName(Strict):
     """The body of ``POST /models``, ``/models/load`` and ``/models/unload``."""
 
     model: str = Field(min_length=1)
+
+
+def documented(what: str, managing: bool = False) -> dict[str, Any]:
+    """A route's OpenAPI details: ``ModelName`` as its body, ``{"success": true}`` its reply."""
+    details = openapi.route(ModelName, what, _SUCCESS, stream=False)
+    if managing:
+        details["responses"].update(_MANAGING)
+    return details
 
 
 def pool_of(request: Request) -> ModelPool:
@@ -60,7 +74,8 @@ def download_row(name: str, progress: dict[str, dict[str, int]]) -> dict[str, An
             "status": {"value": "downloading", "progress": progress}, "source": "cache", "can_remove": False}  # fmt: skip
 
 
-@router.get("/models")
+@router.get("/models", responses={200: {"description": "every model and its status",
+                                         "content": {"application/json": {"schema": _LIST}}}})  # fmt: skip
 async def models(request: Request, reload: str | None = None) -> dict[str, Any]:
     """Every model and its status (the catalog is read again each time; ``reload`` is
     taken for llama-server's clients and changes nothing more)."""
@@ -70,7 +85,7 @@ async def models(request: Request, reload: str | None = None) -> dict[str, Any]:
     return {"object": "list", "data": rows}
 
 
-@router.post("/models/load")
+@router.post("/models/load", **documented("a model's load, started"))
 async def load(request: Request) -> dict[str, Any]:
     """Start loading a model (or waking a sleeping one) and answer at once; its progress
     is its status. 400 when it is already loaded or loading."""
@@ -83,7 +98,7 @@ async def load(request: Request) -> dict[str, Any]:
     return SUCCESS
 
 
-@router.post("/models/unload")
+@router.post("/models/unload", **documented("a model's engine, stopped"))
 async def unload(request: Request) -> dict[str, Any]:
     """Stop a model's engine once its running requests finish (a loading one once it is
     loaded; a sleeping one is only marked unloaded); 400 when it is not running."""
@@ -95,7 +110,7 @@ async def unload(request: Request) -> dict[str, Any]:
     return SUCCESS
 
 
-@router.get("/models/sse")
+@router.get("/models/sse", include_in_schema=False)  # an endless stream: docs/models.md describes it
 async def events(request: Request) -> StreamingResponse:
     """The pool's events, one ``data:`` line each, as they happen (from this request on)."""
     pool = pool_of(request)
@@ -112,7 +127,7 @@ async def events(request: Request) -> StreamingResponse:
     return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-@router.post("/models")
+@router.post("/models", **documented("a model's download, started", managing=True))
 async def download(request: Request) -> dict[str, Any]:
     """Download a model from the hub in the background (``[server] catalog`` on): the
     reference is checked against the hub's listing first (400 malformed, 404 not there,
@@ -129,7 +144,10 @@ async def download(request: Request) -> dict[str, Any]:
     return SUCCESS
 
 
-@router.delete("/models")
+@router.delete("/models", responses={200: {"description": "the model removed",
+                                            "content": {"application/json": {"schema": _SUCCESS}}},
+                                      400: openapi.error_response("no model named, or a configured one"),
+                                      **_MANAGING})  # fmt: skip
 async def delete(request: Request, model: str | None = None) -> dict[str, Any]:
     """Remove a catalog model's files from the hub's cache (its engine stopped first); a
     configured model is not removable (400)."""

@@ -284,24 +284,66 @@ def _bars(show: bool) -> Iterator[None]:
             enable_progress_bars()
 
 
+def refuse(ref: HubRef, f: HubFile, got: str) -> ModelError:
+    return ModelError(f"{ref.repo}/{f.name}: the downloaded file's sha256 is {got}, the hub says "
+                      f"{f.sha256}; it was removed from the cache (pull again)")  # fmt: skip
+
+
+def resumed_blob(ref: HubRef, f: HubFile, commit: str, progress: Progress | None) -> bool:
+    """Fetch an LFS file's blob into the cache from where an earlier pull stopped, checking
+    its sha256: huggingface_hub (2.x) downloads into a temporary file it removes when the
+    download fails, so a stopped pull would start the file over. The part fetched so far
+    is kept as ``blobs/<sha256>.incomplete`` (the name older huggingface_hub resumed from)
+    under its lock; ``hf_hub_download`` then links the whole blob into the snapshot. False
+    (nothing done) for a file without a sha256, or whose blob is there already."""
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import WeakFileLock, build_hf_headers
+
+    if not f.sha256:
+        return False
+    sha = f.sha256.lower()
+    blob = repo_dir(ref.repo) / "blobs" / sha
+    partial = blob.with_name(sha + ".incomplete")
+    lock = cache_dir() / ".locks" / repo_dir(ref.repo).name / f"{sha}.lock"
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with WeakFileLock(str(lock)):
+        if blob.exists():
+            return False
+        with open(partial, "ab") as fh:
+            if f.size is not None and fh.tell() > f.size:  # not a part of this file
+                fh.truncate(0)
+            url = hf_hub_url(ref.repo, f.name, revision=commit, endpoint=endpoint())
+            http_get(url, fh, resume_size=fh.tell(), headers=build_hf_headers(), expected_size=f.size,
+                     displayed_filename=Path(f.name).name, tqdm_class=_tracker(f, progress))  # fmt: skip
+        got = sha256_of(partial)
+        if got != sha:
+            partial.unlink(missing_ok=True)
+            raise refuse(ref, f, got)
+        os.replace(partial, blob)
+    return True
+
+
 def fetch(ref: HubRef, f: HubFile, commit: str, progress: Progress | None = None, local: bool = False) -> Path:
-    """One file into the cache (resuming after a dropped connection); a file fetched now
-    whose sha256 differs from the hub's is removed and refused."""
+    """One file into the cache (resuming after a dropped connection, or from where a
+    stopped pull left it); a file fetched now whose sha256 differs from the hub's is
+    removed and refused."""
     from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
     had = try_to_load_from_cache(ref.repo, f.name, cache_dir=str(cache_dir()), revision=commit)
+    fresh = not isinstance(had, str)
+    checked = fresh and not local and resumed_blob(ref, f, commit, progress)
     path = Path(hf_hub_download(ref.repo, f.name, revision=commit, cache_dir=str(cache_dir()),
                                 endpoint=endpoint(), local_files_only=local,
                                 tqdm_class=_tracker(f, progress)))  # fmt: skip
-    fresh = not isinstance(had, str)
-    if fresh and f.sha256:
+    if fresh and f.sha256 and not checked:
         got = sha256_of(path)
         if got != f.sha256.lower():
             blob = path.resolve()
             path.unlink(missing_ok=True)
             blob.unlink(missing_ok=True)
-            raise ModelError(f"{ref.repo}/{f.name}: the downloaded file's sha256 is {got}, the hub says "
-                             f"{f.sha256}; it was removed from the cache (pull again)")  # fmt: skip
+            raise refuse(ref, f, got)
     size = path.stat().st_size
     what = "sha256 ok" if fresh and f.sha256 else "cached" if not fresh else "no sha256 on the hub"
     print(f"strata: {ref.repo}/{f.name}: {size / 1e6:.1f} MB, {what}", file=sys.stderr, flush=True)
