@@ -3,8 +3,9 @@
 ``pull`` lists the repository's GGUF files with their LFS sha256, picks the quant asked
 for (``Q4_K_M`` by default, as llama-server does), all parts of a split GGUF and an
 ``mmproj`` file beside it, and fetches them through ``huggingface_hub`` into its cache
-(shared with other tools; downloads resume after a dropped connection; ``HF_TOKEN``,
-``HF_ENDPOINT`` and ``HF_HUB_OFFLINE`` as everywhere). A file fetched now is checked
+(shared with other tools; downloads resume after a dropped connection or a stopped
+pull: ``resumed_blob``; ``HF_TOKEN``, ``HF_ENDPOINT`` and ``HF_HUB_OFFLINE`` as
+everywhere). A file fetched now is checked
 against the hub's sha256 and removed from the cache when it differs. Nothing here runs
 at import.
 """
