@@ -5,8 +5,10 @@ a configured "broken" one whose GGUF is garbage, and models downloaded through
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -69,12 +71,12 @@ class Events:
         assert self._ready.wait(30), "the event stream did not open"
 
     def _read(self, base: str) -> None:
-        with httpx.stream("GET", f"{base}/models/sse", timeout=None) as r:
+        with contextlib.suppress(httpx.HTTPError), httpx.stream("GET", f"{base}/models/sse", timeout=None) as r:
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
             for line in r.iter_lines():
                 self._ready.set()  # the first line (a comment) comes once the queue is subscribed
                 if self._stop.is_set():
-                    return
+                    return  # (a stream the server ends as it stops is an HTTPError: ignored)
                 if line.startswith("data: "):
                     self.seen.append(json.loads(line[6:]))
 
@@ -218,23 +220,39 @@ def test_download_errors_name_what_is_wrong(served: tuple[Server, FakeHub, Path]
         assert r.status_code == status and words in err["message"] and err["param"] == "model", r.text
 
 
-def test_a_cut_download_resumes(served: tuple[Server, FakeHub, Path]) -> None:
+def test_a_cut_download_resumes_and_a_stopped_one_too(served: tuple[Server, FakeHub, Path]) -> None:
     """The connection dropped half way through a file: huggingface_hub asks for the rest
-    (Range from what it wrote, in chunks of 10 MiB: the file is larger than two)."""
+    (Range from what it wrote, in chunks of 10 MiB: the file is larger than two). A download
+    stopped through /models/unload keeps what it wrote, and the next one asks for the rest."""
     base, hub = served[0].base, served[1]
-    big = "big-Q4_K_M.gguf"
+    big, name = "big-Q4_K_M.gguf", f"{BIG}:Q4_K_M"
     data = (served[2] / "tiny.gguf").read_bytes()
     hub.add(BIG, {big: data + bytes(24 * 2**20 - len(data))})  # zeros after the tensors: still a readable GGUF
     hub.cut.add(big)
     events = Events(base)
     try:
         assert httpx.post(f"{base}/models", json={"model": BIG}, timeout=60).status_code == 200
-        events.wait(f"{BIG}:Q4_K_M", "download_finished")
+        events.wait(name, "download_finished")
+        first, second = hub.downloads(big)
+        assert "range" not in first and second["range"] == f"bytes={10 * 2**20}-"
+        assert httpx.delete(f"{base}/models", params={"model": name}, timeout=60).status_code == 200
+        # stopped half way: the first 10 MiB chunk written, then the file stalls
+        events.seen.clear()
+        hub.stall[big] = release = threading.Event()
+        assert httpx.post(f"{base}/models", json={"model": BIG}, timeout=60).status_code == 200
+        events.wait(name, "download_progress")
+        assert listed(base)[name]["status"]["value"] == "downloading"
+        r = httpx.post(f"{base}/models/unload", json={"model": name}, timeout=60)
+        assert r.status_code == 200 and r.json() == {"success": True}
+        release.set()
+        assert "stopped" in events.wait(name, "download_failed")["data"]["reason"]
+        assert name not in listed(base)
+        assert httpx.post(f"{base}/models", json={"model": BIG}, timeout=60).status_code == 200
+        events.wait(name, "download_finished", timeout=120)
+        assert hub.downloads(big)[-1]["range"] == f"bytes={10 * 2**20}-"
+        assert httpx.delete(f"{base}/models", params={"model": name}, timeout=60).status_code == 200
     finally:
         events.close()
-    first, second = hub.downloads(big)
-    assert "range" not in first and second["range"] == f"bytes={10 * 2**20}-"
-    assert httpx.delete(f"{base}/models", params={"model": BIG}, timeout=60).status_code == 200
 
 
 def test_ollama_pull_streams_progress_and_refuses_clearly(served: tuple[Server, FakeHub, Path]) -> None:
@@ -281,3 +299,11 @@ def test_an_idle_engine_sleeps_and_the_next_request_wakes_it(sleepy: Server) -> 
         assert metric(base, "strata_model_loads_total", model=name) == 2  # at start, and the wake
     finally:
         events.close()
+
+
+def test_a_server_with_an_event_stream_open_stops_when_told(sleepy: Server) -> None:
+    """uvicorn waits for open responses before it stops; the endless event stream ends then."""
+    events = Events(sleepy.base)
+    sleepy.stop()  # SIGTERM, then SIGKILL after 20 s
+    assert sleepy.proc.returncode == -signal.SIGTERM, sleepy.proc.returncode
+    events.close()

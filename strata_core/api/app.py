@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from types import FrameType
 
+import uvicorn
 from fastapi import Depends, FastAPI
 
 from strata_core.api import (
@@ -65,3 +67,16 @@ def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None =
     add_cors(app, server.cors_origins)
     start_tracing(server.otlp_traces_endpoint)
     return app
+
+
+class StoppingServer(uvicorn.Server):
+    """uvicorn's server, which waits for every open response to end before it stops: told
+    to stop, it first ends the endless ones (``GET /models/sse``) through ``on_exit``."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        self.on_exit()

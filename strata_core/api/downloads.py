@@ -2,12 +2,14 @@
 /models``): the listing is read first, so a bad reference, a missing quant or an
 unreachable hub is the request's own error; then the files are fetched on a thread, each
 progress report brought to the event loop. ``Downloads`` keeps the router's pulls in
-flight, their progress for ``GET /models`` and their events for ``GET /models/sse``."""
+flight, their progress for ``GET /models`` and their events for ``GET /models/sse``, and
+stops one when asked (``POST /models/unload``)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -57,11 +59,18 @@ async def plan(ref: hub.HubRef) -> hub.Plan:
         raise pull_error(exc) from None
 
 
-def start(planned: hub.Plan, report: Report) -> asyncio.Future[hub.Pulled]:
-    """Fetch the plan's files on a thread; ``report`` is called on the event loop."""
+class Stopped(Exception):
+    """A download stopped when asked (what it fetched is kept: the next pull resumes it)."""
+
+
+def start(planned: hub.Plan, report: Report, stop: threading.Event | None = None) -> asyncio.Future[hub.Pulled]:
+    """Fetch the plan's files on a thread; ``report`` is called on the event loop; once
+    ``stop`` is set the download ends (Stopped) at its next chunk."""
     loop = asyncio.get_running_loop()
 
     def progress(f: hub.HubFile, done: int, total: int | None) -> None:
+        if stop is not None and stop.is_set():
+            raise Stopped(f"the download of {planned.name} was stopped")
         loop.call_soon_threadsafe(report, f, done, total)
 
     return asyncio.ensure_future(asyncio.to_thread(hub.pull, planned.ref, progress, False, planned))
@@ -80,6 +89,7 @@ class Downloads:
         self.pool, self.events = pool, pool.events
         self.progress: dict[str, dict[str, dict[str, int]]] = {}
         self._tasks: set[asyncio.Future[Any]] = set()
+        self._stops: dict[str, threading.Event] = {}
 
     def begin(self, planned: hub.Plan) -> None:
         name = planned.name
@@ -92,13 +102,15 @@ class Downloads:
                 files[file_url(planned, f)] = {"done": done, "total": total or f.size or 0}
                 self.events.publish(name, "download_progress", dict(files))
 
-        task = start(planned, report)
+        self._stops[name] = threading.Event()
+        task = start(planned, report, self._stops[name])
         self._tasks.add(task)
         task.add_done_callback(lambda t: self._end(name, t))
 
     def _end(self, name: str, task: asyncio.Future[hub.Pulled]) -> None:
         self._tasks.discard(task)
         self.progress.pop(name, None)
+        self._stops.pop(name, None)
         if task.cancelled():
             return
         exc = task.exception()
@@ -107,10 +119,19 @@ class Downloads:
             self.pool.refresh()  # the catalog lists it now
             self.events.publish(name, "download_finished", {})
             return
-        why = str(exc) if isinstance(exc, ModelError) else f"{type(exc).__name__}: {exc}"
+        why = str(exc) if isinstance(exc, (ModelError, Stopped)) else f"{type(exc).__name__}: {exc}"
         log.error("the download of %s failed: %s", name, why)
         self.events.publish(name, "download_failed", {"reason": why})
 
+    def stop(self, name: str) -> bool:
+        """Stop a download in flight (at its next chunk); False when there is none."""
+        if name not in self._stops:
+            return False
+        self._stops[name].set()
+        return True
+
     def close(self) -> None:
+        for stop in self._stops.values():
+            stop.set()
         for task in self._tasks:
             task.cancel()

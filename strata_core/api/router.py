@@ -101,9 +101,13 @@ async def load(request: Request) -> dict[str, Any]:
 @router.post("/models/unload", **documented("a model's engine, stopped"))
 async def unload(request: Request) -> dict[str, Any]:
     """Stop a model's engine once its running requests finish (a loading one once it is
-    loaded; a sleeping one is only marked unloaded); 400 when it is not running."""
+    loaded; a sleeping one is only marked unloaded), or its download; 400 when it is not
+    running."""
     pool = pool_of(request)
-    m = pool.entry(parse_request(ModelName, await json_body(request)).model)
+    name = parse_request(ModelName, await json_body(request)).model
+    if downloads_of(request).stop(name):
+        return SUCCESS  # a download stopped (llama-server's way to cancel one); the next pull resumes it
+    m = pool.entry(name)
     if not await pool.unload(m.spec.name):
         raise ApiError(400, f"the model {m.spec.name!r} is not running ({m.state})", param="model",
                        code="model_not_running")  # fmt: skip
@@ -119,8 +123,8 @@ async def events(request: Request) -> StreamingResponse:
     async def stream() -> AsyncIterator[bytes]:
         try:
             yield b": subscribed\n\n"
-            while True:
-                yield sse(await queue.get())
+            while (ev := await queue.get()) is not None:
+                yield sse(ev)
         finally:
             pool.events.unsubscribe(queue)
 

@@ -247,7 +247,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from strata_core.api.app import create_app
+    from strata_core.api.app import StoppingServer, create_app
     from strata_core.api.launch import CatalogSource, log_for, model_specs
     from strata_core.api.pool import ModelPool
     from strata_core.api.sampling_defaults import check_defaults
@@ -291,7 +291,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # `kill -USR1` on the server prints every thread's stack to the console (the engine's
     # go to its log): what a hung request waits on, without a debugger (README, "Logs and metrics")
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    uvicorn.run(app, host=host, port=port, log_level=args.log_level, **tls)
+    config = uvicorn.Config(app, host=host, port=port, log_level=args.log_level, **tls)
+    StoppingServer(config, pool.events.close).run()
     return 0
 
 
