@@ -215,11 +215,8 @@ class ModelPool:
         """Stop a model's engine (``POST /models/unload``; running requests finish first, a
         load under way too); a sleeping model is unloaded. False when it was not running."""
         m = self.models[name]
-        if m.state == "sleeping":
-            self._set(m, "unloaded")
-            return True
         async with m.lock:  # a load under way ends first
-            if m.service is None:
+            if m.service is None and m.state != "sleeping":
                 return False
             log.info("unloading model %s", name)
             await self._unload(m)
