@@ -124,6 +124,32 @@ def test_download_resumes_after_the_connection_is_cut(fake_hub: FakeHub, monkeyp
     assert 0 < start < len(FILES[name])  # the second request asked only for the rest
 
 
+def test_a_stopped_pull_resumes_where_it_stopped(fake_hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pull stopped mid-file (here by its progress callback, as a killed process would
+    stop it) keeps what it wrote; the next pull asks only for the rest."""
+    import huggingface_hub.constants
+
+    chunk = 16 * 1024
+    monkeypatch.setattr(huggingface_hub.constants, "DOWNLOAD_CHUNK_SIZE", chunk)
+    name = "Tiny-Q8_0.gguf"
+
+    class Stopped(Exception):
+        pass
+
+    def stop(f: hub.HubFile, done: int, total: int | None) -> None:
+        if done > 2 * chunk:  # two chunks written, the third not
+            raise Stopped
+
+    with pytest.raises(Stopped):
+        hub.pull(hub.parse_ref(f"hf:{REPO}:Q8_0"), progress=stop)
+    assert catalog.local_models() == []
+    got = hub.pull(hub.parse_ref(f"hf:{REPO}:Q8_0"))
+    assert got.path.read_bytes() == FILES[name]
+    first, second = fake_hub.downloads(name)
+    assert "range" not in first and second["range"] == f"bytes={2 * chunk}-"
+    assert not list(got.path.parents[2].glob("blobs/*.incomplete"))
+
+
 def test_checksum_mismatch_is_refused_and_not_cached(fake_hub: FakeHub) -> None:
     fake_hub.corrupt.add("Tiny-Q8_0.gguf")
     with pytest.raises(ModelError, match="sha256"):
@@ -188,6 +214,44 @@ def test_catalog_names_and_rm(fake_hub: FakeHub) -> None:
     assert [e.name for e in catalog.local_models()] == [f"{REPO}:Q4_K_M"]
     assert not q8.path.exists()
     assert catalog.local_models()[0].mmproj is not None  # kept: the other quant uses it
+
+
+def test_strata_pull_shows_the_hub_clients_progress_bar_on_a_terminal(fake_hub: FakeHub) -> None:
+    import fcntl
+    import pty
+    import struct
+    import termios
+    import threading
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    main, sub = pty.openpty()
+    fcntl.ioctl(sub, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a new one is 0 wide: tqdm draws nothing
+    shown = bytearray()
+
+    def read() -> None:  # while it runs: a terminal's buffer is small
+        while True:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # the other end closed
+                return
+            if not chunk:
+                return
+            shown.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        done = subprocess.run([sys.executable, "-m", "strata_core.ops.cli", "pull", f"{REPO}:Q8_0"],
+                              stdout=subprocess.PIPE, stderr=sub, env=env, timeout=120)  # fmt: skip
+    finally:
+        os.close(sub)
+        reader.join(10)
+        os.close(main)
+    text = shown.decode(errors="replace")
+    assert done.returncode == 0, text
+    # tqdm's bar, as huggingface_hub draws it: the file's name, redrawn in place up to 100%
+    bar = [ln for ln in text.split("\r") if "Tiny-Q8_0.gguf" in ln and "%|" in ln]
+    assert bar and "100%" in bar[-1], text
 
 
 def test_strata_pull_command_logs_one_line_per_file(fake_hub: FakeHub) -> None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from types import FrameType
 
+import uvicorn
 from fastapi import Depends, FastAPI
 
 from strata_core.api import (
@@ -19,6 +21,7 @@ from strata_core.api import (
     ollama,
     rerank,
     responses,
+    router,
     slots,
     status,
     tokenize,
@@ -32,7 +35,7 @@ from strata_core.api.tracing import start_tracing, stop_tracing
 from strata_core.api.web import add_web_routes
 from strata_core.schema.errors import ApiError
 
-FAMILIES = (completions, responses, messages, embeddings, rerank, tokenize, infill, slots, ollama, status, lora)
+FAMILIES = (completions, responses, messages, embeddings, rerank, tokenize, infill, slots, ollama, status, lora, router)
 
 
 def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
@@ -49,6 +52,8 @@ def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None =
         if on_ready is not None:
             await on_ready()
         yield
+        if hasattr(app.state, "downloads"):
+            app.state.downloads.close()
         await pool.close()
         stop_tracing()
 
@@ -65,3 +70,16 @@ def create_app(pool: ModelPool, on_ready: Callable[[], Awaitable[None]] | None =
     add_cors(app, server.cors_origins)
     start_tracing(server.otlp_traces_endpoint)
     return app
+
+
+class StoppingServer(uvicorn.Server):
+    """uvicorn's server, which waits for every open response to end before it stops: told
+    to stop, it first ends the endless ones (``GET /models/sse``) through ``on_exit``."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        self.on_exit()

@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from strata_core.api.openapi import error
+from strata_core.api.openapi import error_response
 from strata_core.client.reader import EngineClient, EngineRefused
 from strata_core.ops.adapters import AdapterMissing, check_adapter
 from strata_core.ops.config import LoraAdapter
@@ -124,9 +124,9 @@ class Scale(BaseModel):
 
 #: What the load and unload routes answer besides their reply.
 MANAGING: dict[int | str, dict[str, Any]] = {
-    400: error("a body without the adapter's name (or path), an adapter that does not fit the model, a name loaded"),
-    403: error("loading adapters at run time is off ([server] lora_loading = false)"),
-    404: error("no file at lora_path, no adapter of that name, or no such model"),
+    400: error_response("a body without the adapter's name (or path), an adapter that does not fit the model, a name loaded"),
+    403: error_response("loading adapters at run time is off ([server] lora_loading = false)"),
+    404: error_response("no file at lora_path, no adapter of that name, or no such model"),
 }
 
 
@@ -168,7 +168,7 @@ async def unload_lora_adapter(body: UnloadAdapter, request: Request) -> str:
     return f"Success: LoRA adapter '{name}' removed successfully."
 
 
-@router.post("/lora-adapters", responses={400: error("an id no adapter has"), 404: error("no such model")})
+@router.post("/lora-adapters", responses={400: error_response("an id no adapter has"), 404: error_response("no such model")})
 async def set_lora_scales(body: list[Scale], request: Request, model: str | None = None) -> dict[str, bool]:
     """llama-server's: every adapter's default scale (one left out: 0), what a request
     without ``lora`` of its own gets from now on."""

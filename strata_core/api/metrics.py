@@ -10,6 +10,7 @@ import collections
 import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -153,6 +154,46 @@ class _Collector(Collector):
         yield success
         yield _histogram("vllm:time_to_first_token_seconds", m.ttft.help, m.ttft, model)
         yield _histogram("vllm:inter_token_latency_seconds", m.itl.help, m.itl, model)
+
+
+@dataclass(frozen=True)
+class ModelCounts:
+    """One served model's state and how many times it loaded and failed to."""
+
+    name: str
+    state: str
+    loads: int
+    failures: int
+
+
+class ModelStates(Collector):
+    """The pool's series, whatever is loaded: how many models are in each state, each
+    model's state (1 on its state's row), its loads and failed loads."""
+
+    def __init__(self, read: Callable[[], Sequence[ModelCounts]], states: Sequence[str]) -> None:
+        self.read, self.states = read, states
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    def render(self) -> str:
+        return integral_counts(generate_latest(self.registry).decode(), frozenset({"strata_models", "strata_model_state"}))
+
+    def collect(self) -> Iterator[Metric]:
+        models = self.read()
+        count = GaugeMetricFamily("strata_models", "Served models in each state (failed: its last load failed)",
+                                  labels=["state"])  # fmt: skip
+        one = GaugeMetricFamily("strata_model_state", "1 on the model's state's row", labels=["model", "state"])
+        loads = CounterMetricFamily("strata_model_loads", "Times the model's engine came up (a wake from sleep counts)",
+                                    labels=["model"])  # fmt: skip
+        failures = CounterMetricFamily("strata_model_load_failures", "Loads of the model that failed", labels=["model"])
+        for state in self.states:
+            count.add_metric([state], sum(m.state == state for m in models))
+        for m in models:
+            for state in self.states:
+                one.add_metric([m.name, state], int(m.state == state))
+            loads.add_metric([m.name], m.loads)
+            failures.add_metric([m.name], m.failures)
+        yield from (count, one, loads, failures)
 
 
 def lora_labels(m: Metrics) -> dict[str, str]:

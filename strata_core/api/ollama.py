@@ -24,7 +24,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from strata_core.api import openapi
+from strata_core.api import downloads, openapi
 from strata_core.api.blocks import Block, Closed, Grew, blocks_of, stream_blocks
 from strata_core.api.embeddings import normalized, token_inputs, with_specials
 from strata_core.api.infill import fim_prompt
@@ -99,10 +99,7 @@ def route(body: type[Any] | None, what: str, reply: dict[str, Any], stream: bool
 
 
 def check_managed(request: Request, what: str) -> None:
-    if pool_of(request).source is None:
-        raise ApiError(403, f"{what} is off on this server: it changes the hub's cache, which only a server "
-                       "with [server] catalog = true manages (or use `strata pull` / `strata models rm`)",
-                       type="permission_error", code="model_management_off")  # fmt: skip
+    downloads.check_managed(pool_of(request), what)
 
 
 def now_iso() -> str:
@@ -469,42 +466,35 @@ async def delete(request: Request) -> dict[str, Any]:
 @router.post("/api/pull", **route(OllamaModelName, "the pull's progress (Ollama)", {"type": "object", "required": ["status"]}, stream=True,
                                       managing=True))  # fmt: skip
 async def pull(request: Request) -> Response:
+    """Ollama's pull: the hub's listing is read first (a bad name is a 400, one the hub
+    lacks a 404, a hub that cannot be reached a 502, before any line); then one line per
+    progress report of each file (``status``, ``digest``, ``total``, ``completed``), and
+    ``success`` (alone, with ``"stream": false``)."""
     body = parse_request(OllamaModelName, await json_body(request))
     check_managed(request, "pulling models")
     repo, quant = catalog.normalize(body.model_name)
-    try:
-        ref = hub.parse_ref(f"hf:{repo}" + (f":{quant}" if quant else ""))
-    except ModelError as exc:
-        raise ApiError(400, str(exc), param="model", code="invalid_value") from None
-    events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-    loop = asyncio.get_running_loop()
+    planned = await downloads.plan(downloads.hub_ref(repo + (f":{quant}" if quant else "")))
+    events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
     def progress(f: hub.HubFile, done: int, total: int | None) -> None:
         digest = f"sha256:{f.sha256}" if f.sha256 else f.name
-        loop.call_soon_threadsafe(events.put_nowait, {"status": f"pulling {f.name}", "digest": digest,
-                                                      "total": total or f.size or 0, "completed": done})  # fmt: skip
+        events.put_nowait({"status": f"pulling {f.name}", "digest": digest, "total": total or f.size or 0,
+                           "completed": done})  # fmt: skip
 
-    async def work() -> hub.Pulled:
-        try:
-            return await asyncio.to_thread(hub.pull, ref, progress, False)
-        finally:
-            events.put_nowait(None)
-
-    task = asyncio.ensure_future(work())
+    task = downloads.start(planned, progress)
+    task.add_done_callback(lambda _: events.put_nowait({}))
     pool = pool_of(request)
     if not body.stream:
-        while await events.get() is not None:
-            pass
         await finished_pull(task, pool)
         return JSONResponse({"status": "success"})
 
     async def lines() -> AsyncIterator[bytes]:
         yield b'{"status":"pulling manifest"}\n'
-        while (ev := await events.get()) is not None:
+        while ev := await events.get():
             yield json.dumps(ev).encode() + b"\n"
         try:
             await finished_pull(task, pool)
-        except ApiError as exc:
+        except ApiError as exc:  # the status line is sent: the error is the last line, as Ollama's
             yield json.dumps({"error": exc.message}).encode() + b"\n"
             return
         yield b'{"status":"verifying sha256 digest"}\n{"status":"success"}\n'
@@ -516,12 +506,8 @@ async def finished_pull(task: asyncio.Future[hub.Pulled], pool: ModelPool) -> No
     """The pull's end: the catalog refreshed, or its error as Ollama's."""
     try:
         await task
-    except hub.NotOnHub as exc:
-        raise ApiError(404, str(exc), param="model", code="model_not_found") from None
-    except hub.HubUnreachable as exc:
-        raise ApiError(502, str(exc), type="server_error", code="hub_unreachable") from None
-    except ModelError as exc:  # what the hub sent was refused (a sha256 that differs, a name outside the repo)
-        raise ApiError(502, str(exc), type="server_error", code="pull_failed") from None
+    except ModelError as exc:
+        raise downloads.pull_error(exc) from None
     pool.refresh()
 
 

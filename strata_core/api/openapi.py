@@ -31,7 +31,7 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
-def error(why: str, **extra: Any) -> dict[str, Any]:
+def error_response(why: str, **extra: Any) -> dict[str, Any]:
     # JSON whatever the route's own replies are (/metrics is text)
     schema = {"$ref": REF.format(model="ErrorBody")}
     return {"description": why, "content": {"application/json": {"schema": schema}}, **extra}
@@ -39,23 +39,23 @@ def error(why: str, **extra: Any) -> dict[str, Any]:
 
 #: Errors any route may answer.
 COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: error("missing or wrong API key (when the server has one)"),
-    404: error("no such route"),
-    405: error("the route does not take this method"),
-    500: error("a bug in the server (internal_error); its traceback is in the log"),
+    401: error_response("missing or wrong API key (when the server has one)"),
+    404: error_response("no such route"),
+    405: error_response("the route does not take this method"),
+    500: error_response("a bug in the server (internal_error); its traceback is in the log"),
 }
 
 #: What the completion routes answer besides their reply (docs/reliability.md).
 REQUEST_ERRORS: dict[int | str, dict[str, Any]] = {
-    400: error("the request is wrong; param names the field"),
-    404: error("no such route, or no such model (model_not_found)"),
-    413: error("the body is larger than [server] max_body_bytes"),
-    429: error(
+    400: error_response("the request is wrong; param names the field"),
+    404: error_response("no such route, or no such model (model_not_found)"),
+    413: error_response("the body is larger than [server] max_body_bytes"),
+    429: error_response(
         "more requests wait for a slot than [server] max_queued (queue_full)",
         headers={"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}},
     ),
-    503: error("the engine is starting or restarting (engine_unavailable)"),
-    504: error("the request ran longer than [server] request_timeout (timeout)"),
+    503: error_response("the engine is starting or restarting (engine_unavailable)"),
+    504: error_response("the request ran longer than [server] request_timeout (timeout)"),
 }
 
 _USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"]}

@@ -63,9 +63,11 @@ async def health(request: Request) -> JSONResponse:
 
 @router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(request: Request, model: str | None = None) -> PlainTextResponse:
-    """The first model's series, or ``?model=NAME``'s (an unloaded model has none)."""
-    service = pool_of(request).entry(model).service
-    text = service.metrics.render() if service is not None else ""
+    """The first model's series, or ``?model=NAME``'s (an unloaded model has none), and
+    every model's state, loads and failed loads."""
+    pool = pool_of(request)
+    service = pool.entry(model).service
+    text = (service.metrics.render() if service is not None else "") + pool.metrics.render()
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 

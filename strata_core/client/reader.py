@@ -130,6 +130,8 @@ class EngineClient:
         self._closing = False
         self._started = asyncio.Event()
         self.start_error: str | None = None
+        #: the last engine process's exit code (None: none has exited, or it could not start)
+        self.exit_code: int | None = None
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -167,7 +169,7 @@ class EngineClient:
         while not self._closing:
             loop = asyncio.get_running_loop()
             began = loop.time()
-            code = await self._run_once()
+            code = self.exit_code = await self._run_once()
             self._fail_all("the engine exited")
             self.ready.clear()
             if self._closing:

@@ -60,8 +60,8 @@ def _facts(path: Path, size: int, mtime_ns: int) -> GgufFacts:
 
     try:
         reader = gguf.GGUFReader(path)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path} is not a readable GGUF file: {exc}") from None
+    except Exception as exc:  # a truncated or garbage file fails the reader in many ways (IndexError, ...)
+        raise ValueError(f"{path} is not a readable GGUF file: {type(exc).__name__}: {exc}") from None
 
     def value(key: str) -> object:
         field = reader.fields.get(key)

@@ -90,7 +90,8 @@ def _config(args: argparse.Namespace) -> Config:
             "mmproj": getattr(args, "mmproj", None),
         },
         "server": {"host": getattr(args, "host", None), "port": getattr(args, "port", None),
-                   "otlp_traces_endpoint": getattr(args, "otlp_traces_endpoint", None)},  # fmt: skip
+                   "otlp_traces_endpoint": getattr(args, "otlp_traces_endpoint", None),
+                   "sleep_idle_s": getattr(args, "sleep_idle_seconds", None)},  # fmt: skip
         "cluster": {"replicas": getattr(args, "replicas", None)},
         "speculative": {
             "draft_model": getattr(args, "draft_model", None),
@@ -263,7 +264,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from strata_core.api.app import create_app
+    from strata_core.api.app import StoppingServer, create_app
     from strata_core.api.launch import CatalogSource, log_for, model_specs
     from strata_core.api.pool import ModelPool
     from strata_core.api.sampling_defaults import check_defaults
@@ -285,7 +286,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logs = log_for(log_path, [*(cfg.models or [None]), *(["catalog"] if cfg.server.catalog else [])])
     specs = model_specs(cfg, logs)
     source = CatalogSource(cfg, logs) if cfg.server.catalog else None
-    pool = ModelPool(specs, cfg.server.max_loaded, cfg.server.idle_ttl_s, source)
+    pool = ModelPool(specs, cfg.server.max_loaded, cfg.server.idle_ttl_s, source, cfg.server.sleep_idle_s)
     console_logging(args.log_level)
     for spec in specs:
         where = f"; the engine logs to {spec.log_path}" if spec.log_path else ""
@@ -308,7 +309,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # `kill -USR1` on the server prints every thread's stack to the console (the engine's
     # go to its log): what a hung request waits on, without a debugger (README, "Logs and metrics")
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    uvicorn.run(app, host=host, port=port, log_level=args.log_level, **tls)
+    config = uvicorn.Config(app, host=host, port=port, log_level=args.log_level, **tls)
+    StoppingServer(config, pool.events.close).run()
     return 0
 
 
@@ -356,6 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-ctx", type=int, help="context per slot")
     p.add_argument("--draft-model", help='speculate with this draft GGUF (sets [speculative] mode = "draft")')
     p.add_argument("--mmproj", help="the model's multimodal projector GGUF: it takes images (and audio)")
+    p.add_argument("--sleep-idle-seconds", type=float, metavar="S",
+                   help="stop a model's engine after S seconds without a request; the next one wakes it ([server] sleep_idle_s)")  # fmt: skip
     p.add_argument("--replicas", type=int,
                    help="serve through this many Ray Serve replicas, one engine each (needs "
                         "strata[ray]; sets [cluster] replicas)")  # fmt: skip

@@ -56,6 +56,10 @@ class ServerConfig(_Section):
     #: Stop a model's engine after this many seconds without a request (it loads again on
     #: the next one); 0: never.
     idle_ttl_s: float = Field(default=0.0, ge=0.0)
+    #: Let a model's engine sleep after this many seconds without a request: the process
+    #: stops (its memory freed) and the next request wakes it, paying the load again; the
+    #: model is listed as sleeping, not unloaded. One model or several; 0: never.
+    sleep_idle_s: float = Field(default=0.0, ge=0.0)
     #: Largest request body, in bytes; a larger one is refused with 413.
     max_body_bytes: int = Field(default=8 << 20, ge=1024)
     #: Deepest nesting of arrays and objects in a request body (a JSON schema counts).

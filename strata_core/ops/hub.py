@@ -3,8 +3,9 @@
 ``pull`` lists the repository's GGUF files with their LFS sha256, picks the quant asked
 for (``Q4_K_M`` by default, as llama-server does), all parts of a split GGUF and an
 ``mmproj`` file beside it, and fetches them through ``huggingface_hub`` into its cache
-(shared with other tools; downloads resume after a dropped connection; ``HF_TOKEN``,
-``HF_ENDPOINT`` and ``HF_HUB_OFFLINE`` as everywhere). A file fetched now is checked
+(shared with other tools; downloads resume after a dropped connection or a stopped
+pull: ``resumed_blob``; ``HF_TOKEN``, ``HF_ENDPOINT`` and ``HF_HUB_OFFLINE`` as
+everywhere). A file fetched now is checked
 against the hub's sha256 and removed from the cache when it differs. Nothing here runs
 at import.
 """
@@ -284,33 +285,95 @@ def _bars(show: bool) -> Iterator[None]:
             enable_progress_bars()
 
 
+def refuse(ref: HubRef, f: HubFile, got: str) -> ModelError:
+    return ModelError(f"{ref.repo}/{f.name}: the downloaded file's sha256 is {got}, the hub says "
+                      f"{f.sha256}; it was removed from the cache (pull again)")  # fmt: skip
+
+
+def resumed_blob(ref: HubRef, f: HubFile, commit: str, progress: Progress | None) -> bool:
+    """Fetch an LFS file's blob into the cache from where an earlier pull stopped, checking
+    its sha256: huggingface_hub (2.x) downloads into a temporary file it removes when the
+    download fails, so a stopped pull would start the file over. The part fetched so far
+    is kept as ``blobs/<sha256>.incomplete`` (the name older huggingface_hub resumed from)
+    under its lock; ``hf_hub_download`` then links the whole blob into the snapshot. False
+    (nothing done) for a file without a sha256, or whose blob is there already."""
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import WeakFileLock, build_hf_headers
+
+    if not f.sha256:
+        return False
+    sha = f.sha256.lower()
+    blob = repo_dir(ref.repo) / "blobs" / sha
+    partial = blob.with_name(sha + ".incomplete")
+    lock = cache_dir() / ".locks" / repo_dir(ref.repo).name / f"{sha}.lock"
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with WeakFileLock(str(lock)):
+        if blob.exists():
+            return False
+        with open(partial, "ab") as fh:
+            if f.size is not None and fh.tell() > f.size:  # not a part of this file
+                fh.truncate(0)
+            url = hf_hub_url(ref.repo, f.name, revision=commit, endpoint=endpoint())
+            http_get(url, fh, resume_size=fh.tell(), headers=build_hf_headers(), expected_size=f.size,
+                     displayed_filename=Path(f.name).name, tqdm_class=_tracker(f, progress))  # fmt: skip
+        got = sha256_of(partial)
+        if got != sha:
+            partial.unlink(missing_ok=True)
+            raise refuse(ref, f, got)
+        os.replace(partial, blob)
+    return True
+
+
 def fetch(ref: HubRef, f: HubFile, commit: str, progress: Progress | None = None, local: bool = False) -> Path:
-    """One file into the cache (resuming after a dropped connection); a file fetched now
-    whose sha256 differs from the hub's is removed and refused."""
+    """One file into the cache (resuming after a dropped connection, or from where a
+    stopped pull left it); a file fetched now whose sha256 differs from the hub's is
+    removed and refused."""
     from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
     had = try_to_load_from_cache(ref.repo, f.name, cache_dir=str(cache_dir()), revision=commit)
+    fresh = not isinstance(had, str)
+    checked = fresh and not local and resumed_blob(ref, f, commit, progress)
     path = Path(hf_hub_download(ref.repo, f.name, revision=commit, cache_dir=str(cache_dir()),
                                 endpoint=endpoint(), local_files_only=local,
                                 tqdm_class=_tracker(f, progress)))  # fmt: skip
-    fresh = not isinstance(had, str)
-    if fresh and f.sha256:
+    if fresh and f.sha256 and not checked:
         got = sha256_of(path)
         if got != f.sha256.lower():
             blob = path.resolve()
             path.unlink(missing_ok=True)
             blob.unlink(missing_ok=True)
-            raise ModelError(f"{ref.repo}/{f.name}: the downloaded file's sha256 is {got}, the hub says "
-                             f"{f.sha256}; it was removed from the cache (pull again)")  # fmt: skip
+            raise refuse(ref, f, got)
     size = path.stat().st_size
     what = "sha256 ok" if fresh and f.sha256 else "cached" if not fresh else "no sha256 on the hub"
     print(f"strata: {ref.repo}/{f.name}: {size / 1e6:.1f} MB, {what}", file=sys.stderr, flush=True)
     return path
 
 
-def pull(ref: HubRef, progress: Progress | None = None, bars: bool | None = None) -> Pulled:
-    """Fetch what ``ref`` names (nothing when the cache has it); ``bars``: progress bars
-    (default: when stderr is a terminal)."""
+@dataclass(frozen=True)
+class Plan:
+    """What a pull fetches: the choice from the hub's listing (or, offline or with the hub
+    unreachable, from the cache's), at which commit."""
+
+    ref: HubRef
+    choice: Choice
+    commit: str
+    local: bool  # from the cache only
+
+    @property
+    def files(self) -> list[HubFile]:
+        return [*self.choice.parts, *([self.choice.mmproj] if self.choice.mmproj else [])]
+
+    @property
+    def name(self) -> str:
+        """The model's name once pulled, as the catalog names it (``OWNER/REPO:QUANT``)."""
+        return f"{self.ref.repo}:{self.choice.quant}"
+
+
+def plan(ref: HubRef) -> Plan:
+    """List what ``ref`` names, fetching nothing: NotOnHub (no such repository, revision or
+    quant), HubUnreachable (and nothing cached), ModelError (a listing refused)."""
     try:
         import huggingface_hub  # noqa: F401
     except ImportError:
@@ -329,23 +392,28 @@ def pull(ref: HubRef, progress: Progress | None = None, bars: bool | None = None
     else:
         files, commit = cached_files(ref)
     try:
-        choice = choose(files, ref.quant, ref.repo)
+        return Plan(ref, choose(files, ref.quant, ref.repo), commit, local)
     except ModelError as exc:
         if not local:
             raise
         raise NotOnHub(f"offline, from the cache: {exc}") from None
-    wanted = [*choice.parts, *([choice.mmproj] if choice.mmproj else [])]
+
+
+def pull(ref: HubRef, progress: Progress | None = None, bars: bool | None = None, planned: Plan | None = None) -> Pulled:
+    """Fetch what ``ref`` names (nothing when the cache has it); ``bars``: progress bars
+    (default: when stderr is a terminal); ``planned``: its ``plan`` when already made."""
+    p = planned or plan(ref)
     show = sys.stderr.isatty() if bars is None else bars
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
         with _bars(show and progress is None):
-            paths = [fetch(ref, f, commit, progress, local) for f in wanted]
+            paths = [fetch(ref, f, p.commit, progress, p.local) for f in p.files]
     except LocalEntryNotFoundError as exc:
         raise HubUnreachable(f"{ref}: not in the cache and the hub cannot be reached: {exc}") from None
     except network_errors() as exc:
         raise HubUnreachable(f"{ref}: the download failed: {exc}") from None
-    if not local:
-        remember(ref, commit)
-    mmproj = paths[len(choice.parts)] if choice.mmproj else None
-    return Pulled(ref, choice.quant, paths[0], mmproj, commit)
+    if not p.local:
+        remember(ref, p.commit)
+    mmproj = paths[len(p.choice.parts)] if p.choice.mmproj else None
+    return Pulled(ref, p.choice.quant, paths[0], mmproj, p.commit)

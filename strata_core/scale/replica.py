@@ -36,7 +36,8 @@ class StrataReplica:
         cfg = Config.model_validate_json(config)
         self.replica = serve.get_replica_context().replica_id.unique_id
         logs = log_for(replica_log(engine_log, self.replica), cfg.models or [None])
-        self.pool = ModelPool(model_specs(cfg, logs), cfg.server.max_loaded, cfg.server.idle_ttl_s)
+        self.pool = ModelPool(model_specs(cfg, logs), cfg.server.max_loaded, cfg.server.idle_ttl_s,
+                              sleep_idle_s=cfg.server.sleep_idle_s)
         self.app = create_app(self.pool)
         self.app.state.replica = {"id": self.replica, "pid": os.getpid()}
         self.lifespan = Lifespan(self.app)

@@ -7,7 +7,8 @@
   ``X-Linked-Etag`` (the sha256), ``X-Linked-Size``, and ``Range`` for resuming.
 
 Faults for tests: ``cut`` (file names whose first download stops half way, the
-connection closed), ``corrupt`` (served with a byte changed, the listed sha256 kept).
+connection closed), ``stall`` (file names whose first download waits half way until the
+name's event is set), ``corrupt`` (served with a byte changed, the listed sha256 kept).
 Every request is recorded in ``requests`` (method, path, headers).
 """
 
@@ -25,6 +26,7 @@ class FakeHub:
     def __init__(self) -> None:
         self.repos: dict[str, dict[str, bytes]] = {}
         self.cut: set[str] = set()
+        self.stall: dict[str, threading.Event] = {}
         self.corrupt: set[str] = set()
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -144,6 +146,11 @@ class FakeHub:
                     self.wfile.flush()
                     self.close_connection = True
                     return
+                if name in hub.stall:
+                    self.wfile.write(body[: len(body) // 2])
+                    self.wfile.flush()
+                    hub.stall.pop(name).wait(60)
+                    body = body[len(body) // 2 :]
                 self.wfile.write(body)
 
         return Handler
