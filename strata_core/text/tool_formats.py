@@ -101,6 +101,9 @@ class ToolFormat:
     #: a family whose calls are JSON call objects (``Json("calls")``) writes them in one
     #: bracketed list (True), as objects one after another (False), or either (None); read either way
     listed: bool | None = None
+    #: its grammar constrains every reply, an answer in text too (the generic format's;
+    #: a family's answers are free, its calls forced only when tool_choice asks)
+    answers: bool = False
 
     # ---- reading ----
 
@@ -194,13 +197,14 @@ class ToolFormat:
         return replace(self, call=call, listed=listed)
 
     def grammar(
-        self, tools: Sequence[Mapping[str, Any]], parallel: bool = True, close_think: bool = False, most: int = MAX_CALLS
-    ) -> str:
+        self, tools: Sequence[Mapping[str, Any]], parallel: bool = True, close_think: bool = False,
+        most: int = MAX_CALLS, answer: bool = False,
+    ) -> str:  # fmt: skip
         """A Lark grammar (llguidance's) whose sentences are a turn of calls to ``tools``
         (one call unless ``parallel``; at most ``most``: as many as fit the tokens left),
         written as this family writes them; ``close_think``: the prompt left a reasoning
         block open, which the turn closes first (else the calls would be written inside the
-        reasoning)."""
+        reasoning); ``answer``: an answer in text may stand instead (only where ``answers``)."""
         listed = self._list_at()
         exact, ws = self.exact, "" if self.exact else WS
         call, before, after = self.call, "", ""

@@ -29,10 +29,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from strata_core.text.detokenize import held_prefix
+from strata_core.text.generic_tools import GenericFormat, GenericParser
 from strata_core.text.tool_formats import ToolFormat, as_json, props_of
 from strata_core.text.tool_notations import QUOTE
 from strata_core.text.tool_syntax import PARTIAL, Params, Read
-from strata_core.text.tools import CallDelta, Event, ToolCall, merged_events, new_call_id
+from strata_core.text.tools import CallDelta, Event, Reader, ToolCall, merged_events, new_call_id
 
 
 def _earliest(text: str, marks: Sequence[str]) -> tuple[int, str] | None:
@@ -258,6 +259,8 @@ def _known(reads: list[Read]) -> tuple[int, int]:
 
 def reply_parser(
     fmt: ToolFormat, tools: Sequence[Mapping[str, Any]] | None = None, new_id: Callable[[], str] = new_call_id
-) -> FormatParser:
-    """The parser of a reply in ``fmt``."""
+) -> Reader:
+    """The parser of a reply in ``fmt`` (the generic format's JSON reply has its own)."""
+    if isinstance(fmt, GenericFormat):
+        return GenericParser(new_id)
     return FormatParser(fmt, tools, new_id)
