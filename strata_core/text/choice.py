@@ -58,6 +58,10 @@ class ChatShape:
     new_id: Callable[[], str] = new_call_id
     most_calls: int | None = None
 
+    def sections(self) -> tuple[str, ...]:
+        """Where a reasoning the model never closed ends: its family's calls section opening."""
+        return (self.format.open.strip(),) if self.format is not None else ()
+
     def tool_parser(self) -> Reader | None:
         return None if self.format is None else reply_parser(self.format, self.tools, self.new_id)
 
@@ -83,7 +87,7 @@ class ChoiceText:
         self._matcher = StopMatcher(stops)
         self._detok = Detokenizer(pieces)
         self._aligner = None if alternatives is None else Aligner(pieces, alternatives)
-        self._think = None if shape is None else ThinkSplitter(shape.thinking, shape.think)
+        self._think = None if shape is None else ThinkSplitter(shape.thinking, shape.think, shape.sections())
         self._tools = None if shape is None else shape.tool_parser()
         self._most_calls = None if shape is None else shape.most_calls
         self._spans: dict[str, Span] = {}  # "reasoning" / "content", opened at their start

@@ -17,8 +17,8 @@ chunk boundary):
   partway into right after a call, or elsewhere once two characters or more of it,
   punctuation among them, were written (``<|start|>ass``, not `` to`` or ``<``); markup the
   family writes that is neither (``strip``) makes no text, also where it is a marker (GigaChat's
-  ``<|function_call|>`` before a copy of a tool's result), and so do a block's closing marker
-  with no block open and a message header (``header``: muse's ``to=RECIPIENT<|message|>``)
+  ``<|function_call|>`` before a copy of a tool's result), and so do a block's opening marker
+  with no call after it, its closing marker with no block open and a message header (``header``: muse's ``to=RECIPIENT<|message|>``)
   where no call follows it.
 """
 
@@ -73,6 +73,9 @@ class FormatParser:
         close = fmt.close.strip()
         stray = len(close) > 1 and not any(close in m for m in self._marks)
         self._strip = fmt.strip + ((close,) if stray else ())
+        # markup also where no call follows it: the family's own, and a calls block's opener
+        # (a block opened with no call inside is markup, as its closer with no block open is)
+        self._markup = fmt.strip + ((fmt.open.strip(),) if fmt.open.strip() else ())
         self._buf = ""
         self.calls: list[ToolCall] = []
         self.spans: list[tuple[int, int]] = []  # where each calls block was, in the text pushed
@@ -157,7 +160,7 @@ class FormatParser:
             if isinstance(got, str):  # not calls after all: the marker is content, unless it is markup
                 header = re.match(self.format.header, self._buf) if self.format.header else None
                 text = self._cut(header.end() if header else len(mark))
-                if header is None and mark not in self.format.strip:
+                if header is None and mark not in self._markup:
                     out.append(text)
                 continue
             self._take(got, out)
