@@ -239,8 +239,8 @@ def _reading(obj: Any) -> tuple[str | None, list[tuple[str, str]]] | None:
 @dataclass
 class _Body:
     """One JSON call object fed as it comes: ``feed`` returns how many characters it used;
-    ``closed`` once the object ended; ``failed`` when the text cannot be a call (the
-    caller shows it as content)."""
+    ``closed`` once the object ended; ``failed`` when its name cannot be read (the caller
+    shows it as content)."""
 
     text: str = ""
     name: str | None = None
@@ -253,10 +253,7 @@ class _Body:
     failed: bool = False
 
     def feed(self, chunk: str) -> int:
-        base, text = len(self.text), self.text + chunk
-        if text.strip() and not text.lstrip().startswith("{"):
-            self.failed, self.text = True, text
-            return len(chunk)
+        base, text = len(self.text), self.text + chunk  # (it opens at the object's "{")
         for i, ch, depth in scan(text, 0, ('"',)):
             if i < base:
                 continue
