@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from strata_core.text.chat import ChatTemplate
 from strata_core.text.generic_tools import (
-    GENERIC,
     generic_grammar,
     generic_instruction,
     generic_messages,
@@ -213,7 +212,7 @@ def test_llama3_grammar(tokenizer: Any) -> None:
 
 # ---- the generic format (templates that never read tools) ----------------------------------
 
-G = GENERIC
+G = BY_NAME["generic"]
 
 GENERIC_CASES = [
     # (reply, content, calls)

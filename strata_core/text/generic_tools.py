@@ -12,8 +12,8 @@ with a grammar (:func:`generic_grammar`) to exactly one JSON object of one of th
 
 The reply is read back by :class:`GenericParser`: a response's string streams as content,
 decoded, as it arrives; calls stream as every family's do (the first delta of each
-carries index, id and name, then the arguments in fragments). :data:`GENERIC` is this
-format as one of the registry's kind (tool_formats.py), served through a ToolSetup like a
+carries index, id and name, then the arguments in fragments). The registry holds this
+format as ``generic`` (tool_formats.GENERIC), served through a ToolSetup like a
 template's own.
 
 Earlier turns are rewritten the same way, since the template reads no tool messages
@@ -30,8 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata_core.text.grammars import JSON_STYLE
-from strata_core.text.tool_formats import MAX_CALLS, ToolFormat
-from strata_core.text.tool_syntax import Lit, Written, bracket_end, scan
+from strata_core.text.tool_syntax import bracket_end, scan
 from strata_core.text.tools import CallDelta, Event, ToolCall, merged_events, new_call_id
 
 # ---- the prompt ---------------------------------------------------------------------------
@@ -67,6 +66,12 @@ def generic_instruction(
     return "\n".join(lines)
 
 
+def calls_text(calls: Sequence[tuple[str, Any]]) -> str:
+    """(name, arguments) calls as the model is told to write them."""
+    objs = [{"name": name, "arguments": args} for name, args in calls]
+    return json.dumps({"tool_call": objs[0]} if len(objs) == 1 else {"tool_calls": objs}, ensure_ascii=False)
+
+
 def generic_messages(messages: Sequence[Mapping[str, Any]], instruction: str | None) -> list[dict[str, Any]]:
     """``messages`` (template views) as a template that reads no tools can render them:
     assistant calls as the JSON object the model is told to write (after the turn's text,
@@ -92,7 +97,7 @@ def generic_messages(messages: Sequence[Mapping[str, Any]], instruction: str | N
         if m.get("tool_calls"):
             for c in m["tool_calls"]:
                 names[c["id"]] = c["function"]["name"]
-            calls = GENERIC.write([Written(c["function"]["name"], c["function"]["arguments"]) for c in m["tool_calls"]])
+            calls = calls_text([(c["function"]["name"], c["function"]["arguments"]) for c in m["tool_calls"]])
             msg["content"] = "\n".join(t for t in (m.get("content") or "", calls) if t)
         out.append(msg)
     end_results()
@@ -138,38 +143,6 @@ def generic_grammar(tools: Sequence[Mapping[str, Any]], parallel: bool, text: bo
     # JSON written as structured outputs write it: no free whitespace (a small model pads with it)
     schema = {**generic_schema(tools, parallel, text), "x-guidance": JSON_STYLE}
     return "start: %json " + json.dumps(schema, ensure_ascii=False) + "\n"
-
-
-# ---- the format ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GenericFormat(ToolFormat):
-    """The generic format as a format of the registry's kind: its prompt (the tools shown in
-    the system message, tool turns as text), its grammar (every reply constrained, an
-    answer too), its text of calls, and its reader (:class:`GenericParser`)."""
-
-    def prompt(
-        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None, mode: str,
-        parallel: bool, named: str | None,
-    ) -> list[dict[str, Any]]:  # fmt: skip
-        """``messages`` as the template renders them (it is given no tools): the tools and
-        the reply's forms for ``mode`` in the system message, none without ``tools``."""
-        return generic_messages(messages, None if tools is None else generic_instruction(tools, mode, parallel, named))
-
-    def grammar(
-        self, tools: Sequence[Mapping[str, Any]], parallel: bool = True, close_think: bool = False,
-        most: int = MAX_CALLS, answer: bool = False,
-    ) -> str:  # fmt: skip
-        return generic_grammar(tools, parallel, text=answer)
-
-    def write(self, calls: Sequence[Written], tools: Mapping[str, Any] | None = None) -> str:
-        """Calls as the model is told to write them (an earlier turn's, in the prompt)."""
-        objs = [{"name": c.name, "arguments": c.arguments} for c in calls]
-        return json.dumps({"tool_call": objs[0]} if len(objs) == 1 else {"tool_calls": objs}, ensure_ascii=False)
-
-
-GENERIC = GenericFormat("generic", (Lit(""),), answers=True)
 
 
 # ---- the reply ----------------------------------------------------------------------------

@@ -29,8 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from strata_core.text.detokenize import held_prefix
-from strata_core.text.generic_tools import GenericFormat, GenericParser
-from strata_core.text.tool_formats import ToolFormat, as_json, props_of
+from strata_core.text.generic_tools import GenericParser
+from strata_core.text.tool_formats import GenericFormat, ToolFormat, as_json, props_of
 from strata_core.text.tool_notations import QUOTE
 from strata_core.text.tool_syntax import PARTIAL, Params, Read
 from strata_core.text.tools import CallDelta, Event, Reader, ToolCall, merged_events, new_call_id

@@ -18,9 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from strata_core.text.generic_tools import GENERIC, GenericFormat
 from strata_core.text.tool_derive import CALL_ID, FLAT_TOOLS, PROBE_TOOLS, TWO, derive
-from strata_core.text.tool_formats import FORMATS, ToolFormat
+from strata_core.text.tool_formats import FORMATS, GENERIC, GenericFormat, ToolFormat
 from strata_core.text.tool_reader import FormatParser
 from strata_core.text.tool_syntax import Written
 from strata_core.text.tools import new_call_id
