@@ -18,8 +18,9 @@ chunk boundary):
   punctuation among them, were written (``<|start|>ass``, not `` to`` or ``<``); markup the
   family writes that is neither (``strip``) makes no text, also where it is a marker (GigaChat's
   ``<|function_call|>`` before a copy of a tool's result), and so do a block's opening marker
-  with no call after it, its closing marker with no block open and a message header (``header``: muse's ``to=RECIPIENT<|message|>``)
-  where no call follows it.
+  with no call after it (Kimi K3's ``<|open|>tools<|sep|>``), its closing marker with no
+  block open, and a message header (``header``: muse's ``to=RECIPIENT<|message|>``) where
+  no call follows it.
 """
 
 from __future__ import annotations
