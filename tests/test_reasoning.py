@@ -13,8 +13,10 @@ from strata_core.text.choice import ChatShape, ChoiceText
 from strata_core.text.reasoning import Piece, ThinkSplitter, prompt_opens_think
 
 
-def split(text: str, thinking: bool = False, cuts: list[int] | None = None) -> tuple[str, str, list[Piece]]:
-    s = ThinkSplitter(thinking)
+def split(
+    text: str, thinking: bool = False, cuts: list[int] | None = None, ends: tuple[str, ...] = ()
+) -> tuple[str, str, list[Piece]]:
+    s = ThinkSplitter(thinking, ends=ends)
     pieces: list[Piece] = []
     at = 0
     for c in sorted(cuts or []) + [len(text)]:
@@ -55,6 +57,17 @@ def test_split(reply: str, thinking: bool, reasoning: str, content: str) -> None
         assert (r, c) == (reasoning, content), cuts
         for p in pieces:
             assert reply[p.start : p.end] == p.text
+
+
+def test_a_reasoning_never_closed_ends_where_a_calls_section_opens() -> None:
+    """The marker begins the content (its calls come after the reasoning, never inside)."""
+    for reply, reasoning, content in (("plan <tool_calls>[]", "plan ", "<tool_calls>[]"),
+                                      ("plan </think><tool_calls>", "plan ", "<tool_calls>"),
+                                      ("a <tool_calls</think>b", "a <tool_calls", "b")):  # fmt: skip
+        for cuts in [None, *([i] for i in range(len(reply) + 1)), list(range(1, len(reply)))]:
+            r, c, pieces = split(reply, True, cuts, ends=("<tool_calls>",))
+            assert (r, c) == (reasoning, content), cuts
+            assert all(reply[p.start : p.end] == p.text for p in pieces)
 
 
 _FRAGMENTS = ["<think>", "</think>", "<", "/", "think", ">", "\n", " ", "a", "é", "😀", "<thi", "nk>"]

@@ -86,6 +86,17 @@ def test_a_hand_written_template_gets_its_own_format(name: str, tokenizer: Any) 
     check(source, TWO[:1], tokenizer)
 
 
+def test_a_forced_number_is_bounded(tokenizer: Any) -> None:
+    """The typed-object family's forced call on the 135M model wrote ``"days":1234...`` until
+    max_tokens: a number its schema leaves unbounded gets 16 digits."""
+    setup = ChatTemplate(shaped.TYPED_OBJECT).tool_setup
+    assert setup is not None
+    grammar = setup.format.grammar(PROBE_TOOLS[:1], parallel=False)
+    call = '<|tool▁call|>{"type":"function","id":"c1","function_name":"get_weather","args":{"location":"Lyon","days":%s}}<|tool▁call▁end|>'
+    assert accepts(tokenizer, grammar, call % "1234567890123456")
+    assert not accepts(tokenizer, grammar, call % "12345678901234567890")
+
+
 def test_a_template_that_writes_no_derivable_call_says_why() -> None:
     template = ChatTemplate(shaped.PROSE)
     assert template.tool_setup is None

@@ -424,11 +424,23 @@ def reply(name: str, text: str, thinking: bool = False) -> tuple[str, str, list[
     from strata_core.text.reasoning import ThinkSplitter
 
     _, setup = setup_of(name)
-    think = ThinkSplitter(thinking, setup.format.think)
+    think = ThinkSplitter(thinking, setup.format.think, (setup.format.open.strip(),))
     pieces = think.push(text) + think.flush()
     reasoning = "".join(p.text for p in pieces if p.kind == "reasoning")
     content, calls, _ = parse(setup.format, "".join(p.text for p in pieces if p.kind == "content"), [])
     return reasoning, content, calls
+
+
+def test_a_calls_section_with_no_call_makes_no_markup_even_inside_an_open_reasoning() -> None:
+    """Kimi K3's prompt after a tool result opens the reasoning; the 135M model never closed
+    it and opened the calls section with no call inside: the section's opener ends the
+    reasoning and is markup, not content; a call in such a section is read."""
+    seen = "<|close|>response<|sep|><|open|>tools<|sep|><|open|><|close|><|open|><|close|><|open|><|close"
+    assert reply("Kimi-K3.jinja", seen, thinking=True) == ("<|close|>response<|sep|>", "<|open|><|close|><|open|><|close|><|open|>", [])
+    _, setup = setup_of("Kimi-K3.jinja")
+    call = setup.format.write([Written("get_time", {"zone": "UTC"})])
+    assert reply("Kimi-K3.jinja", "Hmm." + call, thinking=True) == ("Hmm.", "", [("get_time", {"zone": "UTC"})])
+    assert parse(setup.format, "Fine.<|open|>tools<|sep|>", list(range(1, 20)))[:2] == ("Fine.", [])
 
 
 def test_harmony_channels() -> None:

@@ -16,22 +16,21 @@ from strata_core.text.generic_tools import (
     generic_grammar,
     generic_instruction,
     generic_messages,
-    tool_parser,
 )
 from strata_core.text.grammars import grammar_error, llguidance_grammar
-from strata_core.text.tool_formats import BY_NAME
+from strata_core.text.tool_formats import BY_NAME, ToolFormat
 from strata_core.text.tool_reader import reply_parser
-from strata_core.text.tools import CallDelta, Dialect
+from strata_core.text.tools import CallDelta
 
-#: the JSON families, read through the format registry; the generic format, its own parser
+#: the JSON families of the format registry, and (below) the generic format
 H, L = "hermes", "llama3"
 
 
-def parse(dialect: str | Dialect, text: str, cuts: list[int] | None = None) -> tuple[str, list[tuple[str, str]], list[Any]]:
+def parse(dialect: str | ToolFormat, text: str, cuts: list[int] | None = None) -> tuple[str, list[tuple[str, str]], list[Any]]:
     """(content, [(name, arguments)], events) of ``text`` pushed in pieces cut at ``cuts``."""
     ids = iter(f"call_{i}" for i in range(100))
     new_id = lambda: next(ids)  # noqa: E731
-    p = tool_parser(dialect, new_id) if isinstance(dialect, Dialect) else reply_parser(BY_NAME[dialect], [], new_id)
+    p = reply_parser(BY_NAME[dialect] if isinstance(dialect, str) else dialect, [], new_id)
     events: list[Any] = []
     at = 0
     for c in sorted(cuts or []) + [len(text)]:
@@ -213,7 +212,7 @@ def test_llama3_grammar(tokenizer: Any) -> None:
 
 # ---- the generic format (templates that never read tools) ----------------------------------
 
-G = Dialect.GENERIC
+G = BY_NAME["generic"]
 
 GENERIC_CASES = [
     # (reply, content, calls)
@@ -251,7 +250,7 @@ def test_generic_parse_at_every_chunk_boundary(reply: str, content: str, calls: 
 
 
 def test_generic_response_streams_as_it_comes() -> None:
-    p = tool_parser(G, lambda: "call_x")
+    p = reply_parser(G, [], lambda: "call_x")
     assert p.push('{"response": ') == []  # undecided until the string opens
     assert p.push('"Hel') == ["Hel"]
     assert p.push('lo\\') == ["lo"]  # an escape is held until it is whole
@@ -261,7 +260,7 @@ def test_generic_response_streams_as_it_comes() -> None:
 
 
 def test_generic_call_streams_before_it_ends() -> None:
-    p = tool_parser(G, lambda: "call_x")
+    p = reply_parser(G, [], lambda: "call_x")
     assert p.push('{"tool_call": {"name": "f", "arguments": {"city": "Par') == [
         CallDelta(0, "", "call_x", "f"), CallDelta(0, '{"city": "Par')]  # fmt: skip
     assert p.push('is"}}}') == [CallDelta(0, 'is"}')]

@@ -14,12 +14,10 @@ from strata_core.schema.errors import ApiError
 from strata_core.schema.requests import BaseRequest, ChatRequest, Tool
 from strata_core.text.choice import ChatShape
 from strata_core.text.constraints import request_constraint
-from strata_core.text.generic_tools import generic_grammar
 from strata_core.text.grammars import grammar_error, json_schema_grammar, llguidance_grammar
 from strata_core.text.structured import Constraint
 from strata_core.text.tool_formats import MAX_CALLS, ToolFormat, example_call
 from strata_core.text.tool_setup import ToolSetup
-from strata_core.text.tools import Dialect
 
 
 def check_parameters(tool: Tool) -> None:
@@ -72,7 +70,7 @@ class ToolGrammars:
         self._call_costs: dict[str, int] = {}
 
     async def grammar(
-        self, req: ChatRequest, shape: ChatShape, setup: ToolSetup | Dialect | None, format_param: str
+        self, req: ChatRequest, shape: ChatShape, setup: ToolSetup | None, format_param: str
     ) -> str | None:
         """The grammar option of a request with tools: forcing a call for tool_choice
         required / named, in the family's own syntax; in the generic format also for auto
@@ -80,11 +78,11 @@ class ToolGrammars:
         ``setup``: how the model calls tools; ``format_param``: the family's name of
         response_format, for errors."""
         mode = req.tool_mode()
-        generic = setup is Dialect.GENERIC
-        if mode == "none" or (mode == "auto" and not generic):
+        answers = setup is not None and setup.format.answers
+        if mode == "none" or (mode == "auto" and not answers):
             return None
         assert setup is not None  # the prompt refused tools without one
-        if generic and mode == "auto" and req.response_format is not None and req.response_format.type != "text":
+        if answers and mode == "auto" and req.response_format is not None and req.response_format.type != "text":
             raise ApiError(
                 400,
                 "on this model tools use the generic format, whose grammar constrains the reply "
@@ -106,12 +104,9 @@ class ToolGrammars:
             check_parameters(tool)
         tools = req.forced_views()
         parallel = req.parallel_tool_calls is not False and req.max_tool_calls != 1
-        if isinstance(setup, ToolSetup):
-            most = await self.calls_that_fit(setup.format, tools, max_new_tokens(req, self.config.sampling))
-            most = min(most, req.max_tool_calls or most)
-            grammar = setup.format.grammar(tools, parallel=parallel, close_think=shape.thinking, most=most)
-        else:
-            grammar = generic_grammar(tools, parallel, text=mode == "auto")
+        most = await self.calls_that_fit(setup.format, tools, max_new_tokens(req, self.config.sampling))
+        most = min(most, req.max_tool_calls or most)
+        grammar = setup.format.grammar(tools, parallel=parallel, close_think=shape.thinking, most=most, answer=mode == "auto")
         problem = grammar_error(llguidance_grammar("lark", grammar))
         if problem:
             raise ApiError(400, f"the tools' parameters cannot be enforced: {problem}", param="tools",

@@ -13,19 +13,17 @@ from strata_core.schema.errors import ApiError
 from strata_core.schema.requests import ChatRequest
 from strata_core.text.chat import ChatTemplate, TemplateError
 from strata_core.text.choice import ChatShape
-from strata_core.text.generic_tools import generic_instruction, generic_messages
 from strata_core.text.reasoning import prompt_opens_think
 from strata_core.text.tool_formats import ToolFormat
-from strata_core.text.tool_setup import ToolSetup
-from strata_core.text.tools import Dialect
+from strata_core.text.tool_setup import GENERIC_SETUP, ToolSetup
 
 
-def tool_setup(template: ChatTemplate | None, config: Config) -> ToolSetup | Dialect | None:
+def tool_setup(template: ChatTemplate | None, config: Config) -> ToolSetup | None:
     """How the model calls tools: its template's family format and history shape, else
     (``[tools] generic``) the generic format the server shows it; None: it cannot."""
     setup = template.tool_setup if template is not None else None
     if setup is None and config.tools.generic:
-        return Dialect.GENERIC
+        return GENERIC_SETUP
     return setup
 
 
@@ -37,7 +35,7 @@ class ChatPrompts:
     template: ChatTemplate | None
 
     @property
-    def tool_setup(self) -> ToolSetup | Dialect | None:
+    def tool_setup(self) -> ToolSetup | None:
         return tool_setup(self.template, self.config)
 
     async def render(self, req: ChatRequest) -> tuple[list[int], ChatShape]:
@@ -64,13 +62,9 @@ class ChatPrompts:
             check_media(media, self.inputs, self.config.server)
         marker = media_marker() if media else None
         messages = [m.template_view(marker) for m in req.messages]
-        if setup is Dialect.GENERIC:  # the template reads neither tools nor tool messages
+        if setup is not None:
             named = req.forced_tools()[0].function.name if mode == "named" else None
-            parallel = req.parallel_tool_calls is not False
-            instruction = None if tools is None else generic_instruction(tools, mode, parallel, named)
-            messages, tools = generic_messages(messages, instruction), None
-        elif isinstance(setup, ToolSetup):
-            messages, tools = setup.messages(messages), setup.tools(tools)
+            messages, tools = setup.prompt(messages, tools, mode, req.parallel_tool_calls is not False, named)
         try:
             text = self.template.render(
                 messages, add_generation_prompt=True, tools=tools, **(req.chat_template_kwargs or {})
@@ -91,9 +85,8 @@ class ChatPrompts:
         """How a reply to ``prompt`` is cut up: reasoning in the family's tags, tool calls in
         its format (none when tool_choice is none), at most ``max_tool_calls`` of them."""
         setup = self.tool_setup
-        if not isinstance(setup, ToolSetup):
-            think = prompt_opens_think(prompt)
-            return ChatShape(think, None if mode == "none" or setup is None else setup, most_calls=req.max_tool_calls)
+        if setup is None:
+            return ChatShape(prompt_opens_think(prompt), most_calls=req.max_tool_calls)
         fmt = setup.format
         thinking = prompt_opens_think(prompt, fmt.think)
         reads: ToolFormat | None = fmt

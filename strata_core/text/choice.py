@@ -9,18 +9,11 @@ from typing import Any
 
 from strata_core.contract.events import TokenEvent, Usage
 from strata_core.text.detokenize import Detokenizer, StopMatcher
-from strata_core.text.generic_tools import GenericParser, tool_parser
 from strata_core.text.logprobs import Aligner, Entry, Span
 from strata_core.text.reasoning import Piece, ThinkSplitter
 from strata_core.text.tool_formats import THINK, ToolFormat
-from strata_core.text.tool_reader import FormatParser, reply_parser
-from strata_core.text.tools import (
-    CallDelta,
-    Dialect,
-    ToolCall,
-    new_call_id,
-    split_events,
-)
+from strata_core.text.tool_reader import reply_parser
+from strata_core.text.tools import CallDelta, Reader, ToolCall, new_call_id, split_events
 
 
 @dataclass
@@ -52,24 +45,25 @@ class Delta:
 @dataclass(frozen=True)
 class ChatShape:
     """How a chat reply is cut up: ``thinking`` the prompt left a reasoning block open;
-    ``format`` the family format its tool calls are read in, or ``dialect`` the generic
-    one's (neither: the reply is only content); ``think`` the reasoning tags; ``tools`` the
+    ``format`` the format its tool calls are read in, a family's or the generic one (none:
+    the reply is only content); ``think`` the reasoning tags; ``tools`` the
     request's tools (how XML-style values are typed); ``new_id`` makes call ids;
     ``most_calls`` the calls the reply may make (``max_tool_calls``: a further call is
     ignored and ends the reply)."""
 
     thinking: bool = False
-    dialect: Dialect | None = None
     format: ToolFormat | None = None
     think: tuple[str, str] = THINK
     tools: tuple[Mapping[str, Any], ...] = ()
     new_id: Callable[[], str] = new_call_id
     most_calls: int | None = None
 
-    def tool_parser(self) -> GenericParser | FormatParser | None:
-        if self.format is not None:
-            return reply_parser(self.format, self.tools, self.new_id)
-        return None if self.dialect is None else tool_parser(self.dialect, self.new_id)
+    def sections(self) -> tuple[str, ...]:
+        """Where a reasoning the model never closed ends: its family's calls section opening."""
+        return (self.format.open.strip(),) if self.format is not None else ()
+
+    def tool_parser(self) -> Reader | None:
+        return None if self.format is None else reply_parser(self.format, self.tools, self.new_id)
 
 
 def joined(a: list[Entry] | None, b: list[Entry] | None) -> list[Entry] | None:
@@ -93,7 +87,7 @@ class ChoiceText:
         self._matcher = StopMatcher(stops)
         self._detok = Detokenizer(pieces)
         self._aligner = None if alternatives is None else Aligner(pieces, alternatives)
-        self._think = None if shape is None else ThinkSplitter(shape.thinking, shape.think)
+        self._think = None if shape is None else ThinkSplitter(shape.thinking, shape.think, shape.sections())
         self._tools = None if shape is None else shape.tool_parser()
         self._most_calls = None if shape is None else shape.most_calls
         self._spans: dict[str, Span] = {}  # "reasoning" / "content", opened at their start

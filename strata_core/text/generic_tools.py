@@ -11,8 +11,10 @@ with a grammar (:func:`generic_grammar`) to exactly one JSON object of one of th
   (unless ``parallel_tool_calls`` is false).
 
 The reply is read back by :class:`GenericParser`: a response's string streams as content,
-decoded, as it arrives; calls stream as the other dialects' do (the first delta of each
-carries index, id and name, then the arguments in fragments).
+decoded, as it arrives; calls stream as every family's do (the first delta of each
+carries index, id and name, then the arguments in fragments). The registry holds this
+format as ``generic`` (tool_formats.GENERIC), served through a ToolSetup like a
+template's own.
 
 Earlier turns are rewritten the same way, since the template reads no tool messages
 either: an assistant turn's calls become the JSON object the model is told to write, and
@@ -24,18 +26,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from strata_core.text.grammars import JSON_STYLE
-from strata_core.text.tools import (
-    CallDelta,
-    Dialect,
-    Event,
-    JsonScan,
-    ToolCallParser,
-    merged_events,
-    new_call_id,
-)
+from strata_core.text.tool_syntax import bracket_end, scan
+from strata_core.text.tools import CallDelta, Event, ToolCall, merged_events, new_call_id
 
 # ---- the prompt ---------------------------------------------------------------------------
 
@@ -70,10 +66,10 @@ def generic_instruction(
     return "\n".join(lines)
 
 
-def _calls_text(calls: Sequence[Mapping[str, Any]]) -> str:
-    objs = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in calls]
-    value: dict[str, Any] = {"tool_call": objs[0]} if len(objs) == 1 else {"tool_calls": objs}
-    return json.dumps(value, ensure_ascii=False)
+def calls_text(calls: Sequence[tuple[str, Any]]) -> str:
+    """(name, arguments) calls as the model is told to write them."""
+    objs = [{"name": name, "arguments": args} for name, args in calls]
+    return json.dumps({"tool_call": objs[0]} if len(objs) == 1 else {"tool_calls": objs}, ensure_ascii=False)
 
 
 def generic_messages(messages: Sequence[Mapping[str, Any]], instruction: str | None) -> list[dict[str, Any]]:
@@ -101,7 +97,8 @@ def generic_messages(messages: Sequence[Mapping[str, Any]], instruction: str | N
         if m.get("tool_calls"):
             for c in m["tool_calls"]:
                 names[c["id"]] = c["function"]["name"]
-            msg["content"] = "\n".join(t for t in (m.get("content") or "", _calls_text(m["tool_calls"])) if t)
+            calls = calls_text([(c["function"]["name"], c["function"]["arguments"]) for c in m["tool_calls"]])
+            msg["content"] = "\n".join(t for t in (m.get("content") or "", calls) if t)
         out.append(msg)
     end_results()
     if instruction is not None:
@@ -154,6 +151,8 @@ def generic_grammar(tools: Sequence[Mapping[str, Any]], parallel: bool, text: bo
 # that has come, the reply is undecided.
 _KEY = re.compile(r'\s*\{\s*"((?:[^"\\]|\\.)*)"\s*:\s*(\S)')
 _KEY_SO_FAR = re.compile(r'\s*\{\s*(?:"(?:[^"\\]|\\.)*(?:\\|"\s*(?::\s*)?)?)?')
+# a call object's head: its name, then the arguments' key
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:')
 _PLAIN = re.compile(r'[^"\\]+')
 _HEX4 = re.compile(r"[0-9a-fA-F]{4}")
 _HEX = re.compile(r"[0-9a-fA-F]*")
@@ -187,6 +186,10 @@ def _escape(buf: str, i: int) -> tuple[str, int] | None:
     return chr(code), 6
 
 
+def _arguments_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps({} if value is None else value, ensure_ascii=False)
+
+
 def _reading(obj: Any) -> tuple[str | None, list[tuple[str, str]]] | None:
     """(content, calls) of a whole reply object in the generic format, or None."""
     if not isinstance(obj, dict):
@@ -199,29 +202,118 @@ def _reading(obj: Any) -> tuple[str | None, list[tuple[str, str]]] | None:
         for c in items:
             if not isinstance(c, dict) or not isinstance(c.get("name"), str):
                 return None
-            args = c.get("arguments", c.get("parameters"))
-            calls.append((c["name"], args if isinstance(args, str) else json.dumps(args or {}, ensure_ascii=False)))
+            calls.append((c["name"], _arguments_text(c.get("arguments", c.get("parameters")))))
         return None, calls
     if isinstance(obj.get("response"), str):
         return obj["response"], []
     return None
 
 
-class GenericParser(ToolCallParser):
-    """:class:`ToolCallParser` for the generic format.
+@dataclass
+class _Body:
+    """One JSON call object fed as it comes: ``feed`` returns how many characters it used;
+    ``closed`` once the object ended; ``failed`` when its name cannot be read (the caller
+    shows it as content)."""
+
+    text: str = ""
+    name: str | None = None
+    args_at: int | None = None  # where the arguments value starts in text
+    args_end: int | None = None  # where it ended
+    sent: int = 0  # how far the arguments were handed out
+    started: bool = False  # the first non-space character of the arguments was sent
+    colons: int = 0  # key/value colons of the object itself seen so far
+    closed: bool = False
+    failed: bool = False
+
+    def feed(self, chunk: str) -> int:
+        base, text = len(self.text), self.text + chunk  # (it opens at the object's "{")
+        for i, ch, depth in scan(text, 0, ('"',)):
+            if i < base:
+                continue
+            if self.args_at is not None and self.args_end is None and ch in ",}" and depth == (ch == ","):
+                self.args_end = i  # a member's comma or the object's end, at its top
+            if ch == ":" and depth == 1:
+                self.colons += 1
+                if self.colons == 2:  # after the second key: is it name, then arguments?
+                    self._head(text[: i + 1])
+            if (ch == "}" and depth == 0) or self.failed:
+                self.closed = not self.failed
+                self.text = text[: i + 1]
+                return i + 1 - base
+        self.text = text
+        return len(chunk)
+
+    def _head(self, text: str) -> None:
+        m = _HEAD.fullmatch(text)
+        if m is None:
+            return
+        try:
+            self.name = json.loads(f'"{m.group(1)}"')
+        except ValueError:
+            self.failed = True
+            return
+        self.args_at = self.sent = m.end()
+
+    def fragment(self) -> str:
+        """Arguments text not handed out yet that is surely part of the arguments:
+        leading whitespace is skipped, trailing whitespace waits (it may end the value)."""
+        if self.args_at is None:
+            return ""
+        end = self.args_end if self.args_end is not None else len(self.text)
+        part = self.text[self.sent : end]
+        if not self.started:
+            lead = len(part) - len(part.lstrip())
+            self.sent += lead
+            part = part[lead:]
+            self.started = bool(part)
+        keep = part.rstrip()
+        self.sent += len(keep)
+        return keep
+
+    def whole(self) -> tuple[str, str] | None:
+        """(name, arguments) of a closed object, or None when it is not a call."""
+        try:
+            obj = json.loads(self.text)
+        except ValueError:
+            return None
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            return None
+        return obj["name"], _arguments_text(obj.get("arguments", obj.get("parameters")))
+
+
+class GenericParser:
+    """The reader of the generic format (a :class:`strata_core.text.tools.Reader`).
 
     The reply is held until its first key decides it: ``response`` streams the string's
-    text as content, decoded; ``tool_call`` / ``tool_calls`` stream their calls. Any
-    other object is held until it closes and then read whole (keys in another order);
-    text that is not such an object is content, unchanged.
+    text as content, decoded; ``tool_call`` / ``tool_calls`` stream their calls (the first
+    delta of each carries index, id and name, then the arguments in fragments, the model's
+    own JSON text). Any other object is held until it closes and then read whole (keys in
+    another order); text that is not such an object is content, unchanged.
     """
 
     def __init__(self, new_id: Callable[[], str] = new_call_id) -> None:
-        super().__init__(Dialect.GENERIC, new_id)
+        self._new_id = new_id
+        self._state = "start"
+        self._buf = ""
+        self._body: _Body | None = None
+        self._opener = ""  # the text that opened the body, shown if it is not a call
+        self._made: list[tuple[str, str, list[str]]] = []  # each call's id, name, arguments' fragments
         self._in_list = False
         self._held = ""  # text consumed but not decided (the object's head before a list)
-        self._scan = JsonScan()  # "whole": where the held object stands
-        self._scanned = 0
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        return [ToolCall(i, n, "".join(a)) for i, n, a in self._made]
+
+    def push(self, text: str) -> list[Event]:
+        self._buf += text
+        out: list[Event] = []
+        while self._buf:
+            before = (self._state, len(self._buf))
+            self._step(out)
+            if (self._state, len(self._buf)) == before:
+                break
+        return merged_events(out)
 
     def _step(self, out: list[Event]) -> None:
         state = self._state
@@ -250,7 +342,8 @@ class GenericParser(ToolCallParser):
             if self._buf.strip():
                 self._state = "content"
         else:  # content
-            self._content(len(self._buf), out)
+            out.append(self._buf)
+            self._cut(len(self._buf))
 
     def _key(self, out: list[Event]) -> None:
         buf = self._buf
@@ -268,9 +361,8 @@ class GenericParser(ToolCallParser):
             self._cut(m.end())
             self._state = "response"
         elif key == "tool_call" and value == "{":
-            opener = buf[: m.start(2)]
+            self._open_body(buf[: m.start(2)])
             self._cut(m.start(2))
-            self._open_body(opener)
         elif key == "tool_calls" and value == "[":
             self._held = buf[: m.end()]
             self._cut(m.end())
@@ -280,30 +372,27 @@ class GenericParser(ToolCallParser):
             self._state = "whole"
 
     def _whole(self, out: list[Event]) -> None:
-        buf = self._buf
-        for i in range(self._scanned, len(buf)):
-            was_open = self._scan.depth > 0
-            self._scan.step(buf[i])
-            if was_open and self._scan.depth == 0:
-                reading = None
-                try:
-                    reading = _reading(json.loads(buf[: i + 1]))
-                except ValueError:
-                    pass
-                if reading is None:
-                    self._state = "content"
-                    return
-                content, calls = reading
-                if content:
-                    out.append(content)
-                for name, args in calls:
-                    self._start_call(name, out)
-                    self._args[-1].append(args)
-                    out.append(CallDelta(len(self._ids) - 1, args))
-                self._cut(i + 1)
-                self._state = "done"
-                return
-        self._scanned = len(buf)
+        """An object whose first key decided nothing: read whole once it closes."""
+        end = bracket_end(self._buf, 0)
+        if end is None:
+            return
+        reading = None
+        try:
+            reading = _reading(json.loads(self._buf[:end]))
+        except ValueError:
+            pass
+        if reading is None:
+            self._state = "content"
+            return
+        content, calls = reading
+        if content:
+            out.append(content)
+        for name, args in calls:
+            self._start_call(name, out)
+            self._made[-1][2].append(args)
+            out.append(CallDelta(len(self._made) - 1, args))
+        self._cut(end)
+        self._state = "done"
 
     def _response(self, out: list[Event]) -> None:
         buf, i, text = self._buf, 0, []
@@ -367,11 +456,70 @@ class GenericParser(ToolCallParser):
         self._held = ""
         self._state = "content"
 
+    # -- one call object --
+
+    def _open_body(self, opener: str) -> None:
+        self._state = "body"
+        self._body = _Body()
+        self._opener = opener
+
+    def _feed_body(self, out: list[Event]) -> None:
+        body = self._body
+        assert body is not None
+        had_name = body.name is not None
+        self._cut(body.feed(self._buf))
+        if body.failed:
+            return self._not_a_call(out)
+        if body.name is not None and not had_name:
+            self._start_call(body.name, out)
+        if body.closed:
+            if body.name is None:
+                whole = body.whole()
+                if whole is None:
+                    return self._not_a_call(out)
+                self._start_call(whole[0], out)
+                self._made[-1][2].append(whole[1])
+                out.append(CallDelta(len(self._made) - 1, whole[1]))
+            else:
+                self._arguments(out)
+            self._body = None
+            self._state = "after"
+        elif body.name is not None:
+            self._arguments(out)
+
+    def _not_a_call(self, out: list[Event]) -> None:
+        """The body was not a call after all: it is content, as written."""
+        assert self._body is not None
+        out.append(self._opener + self._body.text)
+        self._body = None
+        self._state = "content"
+
+    def _start_call(self, name: str, out: list[Event]) -> None:
+        call_id = self._new_id()
+        self._made.append((call_id, name, []))
+        out.append(CallDelta(len(self._made) - 1, "", call_id, name))
+
+    def _arguments(self, out: list[Event]) -> None:
+        assert self._body is not None
+        part = self._body.fragment()
+        if part:
+            self._made[-1][2].append(part)
+            out.append(CallDelta(len(self._made) - 1, part))
+
+    def _cut(self, n: int) -> None:
+        self._buf = self._buf[n:]
+
     def flush(self) -> list[Event]:
         out: list[Event] = []
         state = self._state
         if state == "body" and self._body is not None:
-            self._flush_body(out)
+            # a call cut short by the reply's end: its arguments so far stand, or, before
+            # its name was read, its text as content
+            if self._body.name is not None:
+                self._arguments(out)
+            else:
+                out.append(self._opener + self._body.text)
+            self._body = None
             if self._buf:
                 out.append(self._buf)
         elif state in ("start", "key", "whole", "content") or self._held:
@@ -381,9 +529,3 @@ class GenericParser(ToolCallParser):
         self._buf = self._held = ""
         self._state = "done"
         return merged_events(out)
-
-
-def tool_parser(dialect: Dialect, new_id: Callable[[], str] = new_call_id) -> GenericParser:
-    """The reply parser of ``dialect`` (the generic format is the only one left)."""
-    assert dialect is Dialect.GENERIC, dialect
-    return GenericParser(new_id)

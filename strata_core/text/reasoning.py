@@ -8,7 +8,9 @@ Rules (tests/test_reasoning.py checks each, at every chunk boundary):
   starts with ``<think>`` after optional whitespace (a model that repeats the prompt's
   ``<think>`` is allowed to). Otherwise all of it is content.
 * The reasoning runs to the first ``</think>``; the tag and the whitespace after it make no
-  text. ``<think>`` itself (and whitespace before it) makes no text either, nor does a
+  text. A reasoning the model never closed also ends where a family's calls section opens
+  (``ends``: its calls come after its reasoning, never inside it); the marker begins the
+  content. ``<think>`` itself (and whitespace before it) makes no text either, nor does a
   ``<think>`` inside the reasoning (it does not nest: a small model that writes on past its
   turn copies the prompt's tags). A reply that opens with ``</think>`` closes an empty
   reasoning (MiniMax M3 writes that prefix when it chooses not to think): the tag makes no
@@ -55,8 +57,9 @@ class ThinkSplitter:
     known; ``content_start`` the offset where the content begins, once known.
     """
 
-    def __init__(self, thinking: bool = False, tags: tuple[str, str] = (OPEN, CLOSE)) -> None:
+    def __init__(self, thinking: bool = False, tags: tuple[str, str] = (OPEN, CLOSE), ends: tuple[str, ...] = ()) -> None:
         self._open, self._close = tags
+        self._ends = tuple(e for e in ends if e)
         self._state: Literal["start", "think", "after", "content"] = "start"
         self._buf = ""
         self._at = 0  # offset of _buf[0] in the whole text
@@ -100,7 +103,13 @@ class ThinkSplitter:
                 self._begin()
         elif self._state == "think":
             cut, again = buf.find(self._close), buf.find(self._open)
-            if again >= 0 and (cut < 0 or again < cut):  # an open tag inside: markup
+            end = min((at for at in (buf.find(e) for e in self._ends) if at >= 0), default=-1)
+            if end >= 0 and all(at < 0 or end < at for at in (cut, again)):  # a calls section: the content's
+                self._take("reasoning", end, out)
+                self.reasoning_end = self._at
+                self._state = "content"
+                self.content_start = self._at
+            elif again >= 0 and (cut < 0 or again < cut):  # an open tag inside: markup
                 self._take("reasoning", again, out)
                 self._drop(len(self._open))
             elif cut >= 0:
@@ -109,7 +118,8 @@ class ThinkSplitter:
                 self._drop(len(self._close))
                 self._state = "after"
             else:
-                self._take("reasoning", len(buf) - max(held_prefix(buf, self._close), held_prefix(buf, self._open)), out)
+                held = max(held_prefix(buf, t) for t in (self._close, self._open, *self._ends))
+                self._take("reasoning", len(buf) - held, out)
         elif self._state == "after":
             lead = len(buf) - len(buf.lstrip())
             if lead < len(buf):

@@ -8,6 +8,9 @@ gpt-oss's channel headers, for instance). From that one description come the par
 reply (tool_reader.py), the grammar that forces a call in the family's own syntax, and the
 text of a call for templates that leave writing it to the caller.
 
+The server's own generic format (:data:`GENERIC`, generic_tools.py) is one more format of
+the registry, for templates that never read tools; probing never picks it.
+
 Which family a template belongs to is found by its rendering, not its name:
 tool_probe.py renders a probe call through the template and takes the first format here
 that reads it back. Order matters only where one family's syntax contains another's (the
@@ -22,6 +25,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from strata_core.text.generic_tools import (
+    calls_text,
+    generic_grammar,
+    generic_instruction,
+    generic_messages,
+)
 from strata_core.text.tool_notations import (
     gemma_decode,
     gemma_encode,
@@ -101,6 +110,9 @@ class ToolFormat:
     #: a family whose calls are JSON call objects (``Json("calls")``) writes them in one
     #: bracketed list (True), as objects one after another (False), or either (None); read either way
     listed: bool | None = None
+    #: its grammar constrains every reply, an answer in text too (the generic format's;
+    #: a family's answers are free, its calls forced only when tool_choice asks)
+    answers: bool = False
 
     # ---- reading ----
 
@@ -194,13 +206,14 @@ class ToolFormat:
         return replace(self, call=call, listed=listed)
 
     def grammar(
-        self, tools: Sequence[Mapping[str, Any]], parallel: bool = True, close_think: bool = False, most: int = MAX_CALLS
-    ) -> str:
+        self, tools: Sequence[Mapping[str, Any]], parallel: bool = True, close_think: bool = False,
+        most: int = MAX_CALLS, answer: bool = False,
+    ) -> str:  # fmt: skip
         """A Lark grammar (llguidance's) whose sentences are a turn of calls to ``tools``
         (one call unless ``parallel``; at most ``most``: as many as fit the tokens left),
         written as this family writes them; ``close_think``: the prompt left a reasoning
         block open, which the turn closes first (else the calls would be written inside the
-        reasoning)."""
+        reasoning); ``answer``: an answer in text may stand instead (only where ``answers``)."""
         listed = self._list_at()
         exact, ws = self.exact, "" if self.exact else WS
         call, before, after = self.call, "", ""
@@ -372,7 +385,36 @@ FORMATS: tuple[ToolFormat, ...] = (
     ),
 )
 
-BY_NAME = {f.name: f for f in FORMATS}
+
+
+@dataclass(frozen=True)
+class GenericFormat(ToolFormat):
+    """The server's own format, for templates that never read tools (generic_tools.py): its
+    prompt (the tools shown in the system message, tool turns as text), its grammar (every
+    reply constrained, an answer too), its text of calls; its reader is generic_tools'."""
+
+    def prompt(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None, mode: str,
+        parallel: bool, named: str | None,
+    ) -> list[dict[str, Any]]:  # fmt: skip
+        """``messages`` as the template renders them (it is given no tools): the tools and
+        the reply's forms for ``mode`` in the system message, none without ``tools``."""
+        return generic_messages(messages, None if tools is None else generic_instruction(tools, mode, parallel, named))
+
+    def grammar(
+        self, tools: Sequence[Mapping[str, Any]], parallel: bool = True, close_think: bool = False,
+        most: int = MAX_CALLS, answer: bool = False,
+    ) -> str:  # fmt: skip
+        return generic_grammar(tools, parallel, text=answer)
+
+    def write(self, calls: Sequence[Written], tools: Mapping[str, Any] | None = None) -> str:
+        return calls_text([(c.name, c.arguments) for c in calls])
+
+
+#: not a family probing finds (FORMATS): the one a template that reads no tools is served in
+GENERIC = GenericFormat("generic", (Lit(""),), answers=True)
+
+BY_NAME = {f.name: f for f in (*FORMATS, GENERIC)}
 
 
 def _shown(opt: Opt, text: str) -> bool:

@@ -17,9 +17,10 @@ chunk boundary):
   partway into right after a call, or elsewhere once two characters or more of it,
   punctuation among them, were written (``<|start|>ass``, not `` to`` or ``<``); markup the
   family writes that is neither (``strip``) makes no text, also where it is a marker (GigaChat's
-  ``<|function_call|>`` before a copy of a tool's result), and so do a block's closing marker
-  with no block open and a message header (``header``: muse's ``to=RECIPIENT<|message|>``)
-  where no call follows it.
+  ``<|function_call|>`` before a copy of a tool's result), and so do a block's opening marker
+  with no call after it (Kimi K3's ``<|open|>tools<|sep|>``), its closing marker with no
+  block open, and a message header (``header``: muse's ``to=RECIPIENT<|message|>``) where
+  no call follows it.
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from strata_core.text.detokenize import held_prefix
-from strata_core.text.tool_formats import ToolFormat, as_json, props_of
+from strata_core.text.generic_tools import GenericParser
+from strata_core.text.tool_formats import GenericFormat, ToolFormat, as_json, props_of
 from strata_core.text.tool_notations import QUOTE
 from strata_core.text.tool_syntax import PARTIAL, Params, Read
-from strata_core.text.tools import CallDelta, Event, ToolCall, merged_events, new_call_id
+from strata_core.text.tools import CallDelta, Event, Reader, ToolCall, merged_events, new_call_id
 
 
 def _earliest(text: str, marks: Sequence[str]) -> tuple[int, str] | None:
@@ -72,6 +74,9 @@ class FormatParser:
         close = fmt.close.strip()
         stray = len(close) > 1 and not any(close in m for m in self._marks)
         self._strip = fmt.strip + ((close,) if stray else ())
+        # markup also where no call follows it: the family's own, and a calls block's opener
+        # (a block opened with no call inside is markup, as its closer with no block open is)
+        self._markup = fmt.strip + ((fmt.open.strip(),) if fmt.open.strip() else ())
         self._buf = ""
         self.calls: list[ToolCall] = []
         self.spans: list[tuple[int, int]] = []  # where each calls block was, in the text pushed
@@ -156,7 +161,7 @@ class FormatParser:
             if isinstance(got, str):  # not calls after all: the marker is content, unless it is markup
                 header = re.match(self.format.header, self._buf) if self.format.header else None
                 text = self._cut(header.end() if header else len(mark))
-                if header is None and mark not in self.format.strip:
+                if header is None and mark not in self._markup:
                     out.append(text)
                 continue
             self._take(got, out)
@@ -258,6 +263,8 @@ def _known(reads: list[Read]) -> tuple[int, int]:
 
 def reply_parser(
     fmt: ToolFormat, tools: Sequence[Mapping[str, Any]] | None = None, new_id: Callable[[], str] = new_call_id
-) -> FormatParser:
-    """The parser of a reply in ``fmt``."""
+) -> Reader:
+    """The parser of a reply in ``fmt`` (the generic format's JSON reply has its own)."""
+    if isinstance(fmt, GenericFormat):
+        return GenericParser(new_id)
     return FormatParser(fmt, tools, new_id)

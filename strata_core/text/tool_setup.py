@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from strata_core.text.tool_derive import CALL_ID, FLAT_TOOLS, PROBE_TOOLS, TWO, derive
-from strata_core.text.tool_formats import FORMATS, ToolFormat
+from strata_core.text.tool_formats import FORMATS, GENERIC, GenericFormat, ToolFormat
 from strata_core.text.tool_reader import FormatParser
 from strata_core.text.tool_syntax import Written
 from strata_core.text.tools import new_call_id
@@ -79,6 +79,17 @@ class ToolSetup:
             return None
         return [_described(t) if self.described else dict(t) for t in tools]
 
+    def prompt(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None, mode: str = "auto",
+        parallel: bool = True, named: str | None = None,
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:  # fmt: skip
+        """A request's messages and tools (template views, None: no tools) as the template is
+        given them: in the shape it reads, or (the generic format) the tools shown in the
+        system message as ``mode``, ``parallel`` and ``named`` allow calls, and none given."""
+        if isinstance(self.format, GenericFormat):
+            return self.format.prompt(messages, tools, mode, parallel, named), None
+        return self.messages(messages), self.tools(tools)
+
     def messages(self, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Template views of ``messages`` in the shape this template reads."""
         return [self._message(m) for m in messages]
@@ -100,6 +111,10 @@ class ToolSetup:
             calls = [{**c, "function": {**c["function"], "arguments": _text(c["function"]["arguments"])}} for c in calls]
         out["tool_calls"] = calls
         return out
+
+
+#: the server's own format for a template that never reads tools (generic_tools.py)
+GENERIC_SETUP = ToolSetup(GENERIC)
 
 
 def _text(arguments: Any) -> str:
@@ -251,8 +266,8 @@ def report(template: ChatTemplate) -> list[str]:
     example = [Written(PROBE_NAME, dict(PROBE_ARGS), _SHORT_ID)]
     if got is None or isinstance(got, str):
         why = "it never reads `tools`" if got is None else got
-        call = json.dumps({"tool_call": {"name": PROBE_NAME, "arguments": PROBE_ARGS}})
-        return [f"format: generic ({why}): the server shows the tools in the system message", f"example call: {call}"]
+        return [f"format: generic ({why}): the server shows the tools in the system message",
+                f"example call: {GENERIC.write(example)}"]  # fmt: skip
     fmt = got.format
     found = "derived from the template's rendering of probe calls" if got.derived else "in the registry"
     lines = [f"format: {fmt.name} ({found}{', written byte for byte as the template writes it' if fmt.exact else ''})"]

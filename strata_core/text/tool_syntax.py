@@ -87,16 +87,24 @@ _SCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
 _SCHEMA_MAPS = ("properties", "$defs", "definitions")
 
 
+#: The bound a forced number of no other bound gets: 16 digits before any point.
+_NUMBER_BOUND = 10**16 - 1
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "const", "enum")
+
+
 def closed(schema: Any) -> Any:
-    """``schema`` with every object that lists its properties closed to others, where it
-    does not say: a forced call writes the parameters its tool declares, not keys of the
-    model's invention (a small model otherwise invents them until max_tokens). JSON
-    Schema leaves such objects open; llama.cpp's grammars close them too."""
+    """``schema`` as a forced call writes it: every object that lists its properties closed
+    to others, where it does not say (a forced call writes the parameters its tool
+    declares, not keys of the model's invention; JSON Schema leaves such objects open,
+    llama.cpp's grammars close them too), and a number of no bound given 16 digits (a
+    small model otherwise writes keys or digits until max_tokens)."""
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
     if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
         out["additionalProperties"] = False
+    if out.get("type") in ("integer", "number") and not any(k in out for k in _BOUNDS):
+        out["minimum"], out["maximum"] = -_NUMBER_BOUND, _NUMBER_BOUND
     for key in _SUBSCHEMAS:
         if key in out:
             out[key] = closed(out[key])
@@ -123,7 +131,8 @@ def sorted_schema(schema: Any) -> Any:
 
 
 def json_rule(schema: Any, style: dict[str, Any]) -> str:
-    """A JSON value of ``schema`` (objects closed, :func:`closed`) as a grammar says it."""
+    """A JSON value of ``schema`` (objects closed, numbers bounded: :func:`closed`) as a
+    grammar says it."""
     return "%json " + json.dumps({**closed(schema), "x-guidance": style}, ensure_ascii=False)
 
 
