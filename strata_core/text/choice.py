@@ -10,6 +10,7 @@ from typing import Any
 from strata_core.contract.events import TokenEvent, Usage
 from strata_core.text.detokenize import Detokenizer, StopMatcher
 from strata_core.text.generic_tools import GenericParser, tool_parser
+from strata_core.text.infill import EditorLimits
 from strata_core.text.logprobs import Aligner, Entry, Span
 from strata_core.text.reasoning import Piece, ThinkSplitter
 from strata_core.text.tool_formats import THINK, ToolFormat
@@ -88,9 +89,15 @@ class ChoiceText:
     """
 
     def __init__(
-        self, pieces: list[bytes], stops: list[str], alternatives: int | None, shape: ChatShape | None = None
+        self,
+        pieces: list[bytes],
+        stops: list[str],
+        alternatives: int | None,
+        shape: ChatShape | None = None,
+        limits: EditorLimits | None = None,
     ) -> None:
         self._matcher = StopMatcher(stops)
+        self._limits = limits
         self._detok = Detokenizer(pieces)
         self._aligner = None if alternatives is None else Aligner(pieces, alternatives)
         self._think = None if shape is None else ThinkSplitter(shape.thinking, shape.think)
@@ -120,6 +127,9 @@ class ChoiceText:
         else:
             text = "".join(self._aligner.add(ev.id, ev.logprob) for ev in events)
         safe, self.stopped = self._matcher.push(text)
+        if self._limits is not None:
+            safe = self._limits.push([ev.id for ev in events], safe)
+            self.stopped = self.stopped or self._limits.why is not None
         open_before = self._think is not None and self._think.reasoning_end is None
         out = self._release(safe, last=self.stopped)
         if open_before and self._think is not None and self._think.thinking:
@@ -134,7 +144,10 @@ class ChoiceText:
         text = self._detok.flush() if self._aligner is None else self._aligner.flush()
         safe, self.stopped = self._matcher.push(text)
         tail = safe if self.stopped else safe + self._matcher.flush()
-        self.stopped = self._matcher.stopped  # a stop the end of the text decided
+        if self._limits is not None:
+            tail = self._limits.push([], tail)
+        # a stop the end of the text decided
+        self.stopped = self._matcher.stopped or (self._limits is not None and self._limits.why is not None)
         return self._release(tail, last=True)
 
     def _release(self, text: str, last: bool) -> Delta:
