@@ -55,7 +55,7 @@ class ExtraFile(Strict):
 
 #: the usual sampling fields by llama-server's names, checked as /v1/completions checks them
 SAMPLING = ("n_predict", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "repeat_penalty",
-            "repeat_last_n", "presence_penalty", "frequency_penalty", "ignore_eos", "n_cmpl")  # fmt: skip
+            "repeat_last_n", "presence_penalty", "frequency_penalty", "ignore_eos", "n_cmpl", "logit_bias")  # fmt: skip
 #: those that /v1/completions spells otherwise
 OPENAI_NAMES = {"n_predict": "max_tokens", "repeat_penalty": "repetition_penalty", "repeat_last_n": "penalty_last_n",
                 "n_cmpl": "n"}  # fmt: skip
