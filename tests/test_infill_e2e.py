@@ -152,6 +152,10 @@ def test_llama_vims_context_request_is_answered_as_llama_server_answers(ours: Se
     mine, ref = post(ours.base, VIM_RING), post(theirs, VIM_RING)
     assert mine.status_code == ref.status_code == 200, mine.text
     assert mine.json() == ref.json() == {}  # response_fields [""]: no field
+    whole = {**VIM_RING, "response_fields": None, "samplers": None}  # llama-server samples the one token unfiltered by []
+    mine, ref = post(ours.base, whole).json(), post(theirs, whole).json()
+    keys = ("content", "tokens_predicted", "tokens_evaluated", "tokens_cached", "stop_type")
+    assert [mine[k] for k in keys] == [ref[k] for k in keys]  # llama-server, asked for 0 tokens, makes 1
 
 
 def test_llama_vims_completion_request(ours: Server, theirs: str) -> None:

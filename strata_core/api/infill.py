@@ -86,7 +86,7 @@ class InfillRequest(_Sampling):  # type: ignore[misc,valid-type]
         if isinstance(body.get("max_tokens"), int) and body["max_tokens"] < 0:
             del body["max_tokens"]  # n_predict -1: until the model stops or the context ends
         if self.warm_only():
-            body["max_tokens"] = 1  # the prompt goes into the cache; the token is not shown
+            body["max_tokens"] = 1  # llama-server, asked for none, also generates one token
         try:
             return parse_request(CompletionRequest, {**body, "prompt": prompt})
         except ApiError as exc:
@@ -95,7 +95,7 @@ class InfillRequest(_Sampling):  # type: ignore[misc,valid-type]
             raise
 
     def warm_only(self) -> bool:
-        """n_predict 0: llama-server evaluates the prompt into the cache and generates nothing."""
+        """n_predict 0: the prompt into the cache (llama.vim's ring updates), one token generated."""
         return self.n_predict == 0 and not isinstance(self.n_predict, bool)
 
     def check(self, slots: int) -> None:
@@ -205,14 +205,16 @@ class Reply:
     def final(self, done: Collected, limits: EditorLimits, content: str, index: int, since: int = 0) -> dict[str, Any]:
         """The last object: the rest of the text (``content``), why it stopped, the counts
         and times, cut to ``response_fields``; ``since``: the token ids already streamed."""
-        u, warm = done.usage, self.body.warm_only()
-        n_gen = 0 if warm else u.completion
-        stop_type = "limit" if limits.why or done.finish == "length" or warm else "word" if done.stop_sequence else "eos"
-        obj = {"index": index, "content": "" if warm else content, "id_slot": self.body.id_slot,
-               "tokens": limits.ids[since:] if self.body.return_tokens and not warm else [],
+        u = done.usage
+        n_gen = u.completion
+        stop_type = "limit" if limits.why or done.finish == "length" else "word" if done.stop_sequence else "eos"
+        obj = {"index": index, "content": content, "id_slot": self.body.id_slot,
+               "tokens": limits.ids[since:] if self.body.return_tokens else [],
                "stop": True, "model": self.model, "tokens_predicted": n_gen, "tokens_evaluated": self.n_prompt,
-               "has_new_line": "\n" in done.text and not warm, "truncated": False, "stop_type": stop_type,
-               "stopping_word": done.stop_sequence or "", "tokens_cached": u.cached,
+               "has_new_line": "\n" in done.text, "truncated": False, "stop_type": stop_type,
+               "stopping_word": done.stop_sequence or "",
+               # the tokens the slot's cache holds now: the prompt and all but the last token
+               "tokens_cached": self.n_prompt + max(n_gen - 1, 0),
                "timings": timings(u.cached, self.n_prompt - u.cached, n_gen, self.sent, limits.t_first)}  # fmt: skip
         fields = self.body.response_fields
         return picked(fields, obj) if fields else obj
