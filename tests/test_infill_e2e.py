@@ -208,6 +208,14 @@ def test_return_tokens_gives_the_generated_ids(ours: Server, theirs: str) -> Non
     assert infill(ours.base)["tokens"] == []
 
 
+def test_editor_fields_asking_for_nothing_are_accepted(ours: Server) -> None:
+    nothing = {"n_indent": None, "t_max_predict_ms": None, "t_max_prompt_ms": None, "id_slot": None, "samplers": [],
+               "return_tokens": None, "response_fields": None, "cache_prompt": None, "n_cmpl": None}  # fmt: skip
+    r = httpx.post(f"{ours.base}/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX, **GREEDY, **nothing},
+                   timeout=120)  # fmt: skip
+    assert r.status_code == 200 and r.json()["content"] == infill(ours.base)["content"], r.text
+
+
 @pytest.mark.parametrize(("body", "param"), [
     ({"samplers": ["top_k"]}, "samplers"), ({"id_slot": 1}, "id_slot"), ({"n_indent": -1}, "n_indent"),
     ({"t_max_predict_ms": "x"}, "t_max_predict_ms"), ({"response_fields": "content"}, "response_fields"),

@@ -71,13 +71,13 @@ class InfillRequest(_Sampling):  # type: ignore[misc,valid-type]
     stream: bool = False
     cache_prompt: bool | None = None  # a hint: the prompt cache is always on
     # the editors' stops (text/infill.py's EditorLimits)
-    n_indent: int = Field(default=0, ge=0)
-    t_max_predict_ms: int = Field(default=-1, ge=-1)
+    n_indent: int | None = Field(default=None, ge=0)
+    t_max_predict_ms: int | None = Field(default=None, ge=-1)
     # llama-server reads no t_max_prompt_ms (a to-do there) and neither does Strata
     t_max_prompt_ms: int | None = None
     response_fields: list[str] | None = None
-    return_tokens: bool = False
-    id_slot: int = Field(default=-1, ge=-1)
+    return_tokens: bool | None = None
+    id_slot: int | None = Field(default=None, ge=-1)
     samplers: list[str] | str | None = None
 
     def completion(self, prompt: list[int]) -> CompletionRequest:
@@ -85,8 +85,8 @@ class InfillRequest(_Sampling):  # type: ignore[misc,valid-type]
         body = {OPENAI_NAMES.get(k, k): v for k, v in self.model_dump(exclude_none=True).items() if k in (*SAMPLING, "stream")}
         if isinstance(body.get("max_tokens"), int) and body["max_tokens"] < 0:
             del body["max_tokens"]  # n_predict -1: until the model stops or the context ends
-        if self.warm_only():
-            body["max_tokens"] = 1  # llama-server, asked for none, also generates one token
+        if self.n_predict == 0 and not isinstance(self.n_predict, bool):
+            body["max_tokens"] = 1  # llama-server, asked for none, generates one token (the prompt into the cache)
         try:
             return parse_request(CompletionRequest, {**body, "prompt": prompt})
         except ApiError as exc:
@@ -94,17 +94,13 @@ class InfillRequest(_Sampling):  # type: ignore[misc,valid-type]
             exc.message, exc.param = exc.message.replace(f"'{exc.param}'", f"'{name}'"), name
             raise
 
-    def warm_only(self) -> bool:
-        """n_predict 0: the prompt into the cache (llama.vim's ring updates), one token generated."""
-        return self.n_predict == 0 and not isinstance(self.n_predict, bool)
-
     def check(self, slots: int) -> None:
         """400s for what Strata does not do (a choice of samplers; a slot beyond the engine's)."""
-        if self.samplers and not self.warm_only():
+        if self.samplers:
             raise ApiError(400, "samplers: choosing the sampler chain (and llama.cpp's infill sampler) is not "
                            "supported on /infill; leave it out or send []", param="samplers",
                            code="unsupported_value")  # fmt: skip
-        if self.id_slot >= slots:
+        if self.id_slot is not None and self.id_slot >= slots:
             raise ApiError(400, f"invalid slot id {self.id_slot}: this model has slots 0..{slots - 1}",
                            param="id_slot", code="invalid_value")  # fmt: skip
         if self.stream and isinstance(self.n_cmpl, int) and self.n_cmpl > 1:
@@ -112,7 +108,7 @@ class InfillRequest(_Sampling):  # type: ignore[misc,valid-type]
                            param="n_cmpl", code="unsupported_value")  # fmt: skip
 
     def limits(self) -> EditorLimits:
-        return EditorLimits(self.n_indent, self.t_max_predict_ms)
+        return EditorLimits(self.n_indent or 0, -1 if self.t_max_predict_ms is None else self.t_max_predict_ms)
 
 
 async def fim_prompt(
@@ -182,7 +178,7 @@ async def _events(reply: Reply, pieces: AsyncIterator[Delta], limits: EditorLimi
             n += 1
             ids, sent_ids = limits.ids[sent_ids:], len(limits.ids)
             yield sse({"index": 0, "content": d.text, "tokens": ids if reply.body.return_tokens else [], "stop": False,
-                       "id_slot": reply.body.id_slot, "tokens_predicted": n, "tokens_evaluated": reply.n_prompt})  # fmt: skip
+                       "id_slot": reply.id_slot, "tokens_predicted": n, "tokens_evaluated": reply.n_prompt})  # fmt: skip
     except (EngineUnavailable, ApiError) as exc:
         err = exc if isinstance(exc, ApiError) else engine_unavailable(exc)
         yield sse(err.body())
@@ -202,13 +198,17 @@ class Reply:
     n_prompt: int
     sent: float
 
+    @property
+    def id_slot(self) -> int:
+        return -1 if self.body.id_slot is None else self.body.id_slot
+
     def final(self, done: Collected, limits: EditorLimits, content: str, index: int, since: int = 0) -> dict[str, Any]:
         """The last object: the rest of the text (``content``), why it stopped, the counts
         and times, cut to ``response_fields``; ``since``: the token ids already streamed."""
         u = done.usage
         n_gen = u.completion
         stop_type = "limit" if limits.why or done.finish == "length" else "word" if done.stop_sequence else "eos"
-        obj = {"index": index, "content": content, "id_slot": self.body.id_slot,
+        obj = {"index": index, "content": content, "id_slot": self.id_slot,
                "tokens": limits.ids[since:] if self.body.return_tokens else [],
                "stop": True, "model": self.model, "tokens_predicted": n_gen, "tokens_evaluated": self.n_prompt,
                "has_new_line": "\n" in done.text, "truncated": False, "stop_type": stop_type,
