@@ -91,14 +91,18 @@ def test_openai_and_ollama_suffix_make_the_infill_prompt(ours: Server) -> None:
     assert "insert" in show["capabilities"]  # what tells Ollama's clients the model takes a suffix
 
 
-def test_streamed_infill_is_the_same_text(ours: Server) -> None:
-    whole = infill(ours.base)
+@pytest.mark.parametrize("body", [{}, {"n_predict": 64, "logit_bias": {"198": 3.5}, "n_indent": 1, "return_tokens": True}],
+                         ids=["plain", "n_indent"])  # fmt: skip
+def test_streamed_infill_is_the_same_text(ours: Server, body: dict[str, Any]) -> None:
+    whole = infill(ours.base, **body)
     events = []
     with httpx.stream("POST", f"{ours.base}/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX, **GREEDY,
-                                                           "stream": True}, timeout=120) as r:  # fmt: skip
+                                                           **body, "stream": True}, timeout=120) as r:  # fmt: skip
         events = [httpx.Response(200, content=line[6:]).json() for line in r.iter_lines() if line.startswith("data: ")]
     assert "".join(e["content"] for e in events) == whole["content"]
+    assert [t for e in events for t in e["tokens"]] == whole["tokens"]
     assert events[-1]["stop"] is True and all(e["stop"] is False for e in events[:-1])
+    assert events[-1]["stop_type"] == whole["stop_type"]
 
 
 @pytest.mark.parametrize(("path", "body", "param"), [
