@@ -225,6 +225,6 @@ def test_editor_fields_asking_for_nothing_are_accepted(ours: Server) -> None:
     ({"t_max_predict_ms": "x"}, "t_max_predict_ms"), ({"response_fields": "content"}, "response_fields"),
     ({"n_cmpl": 2, "stream": True}, "n_cmpl"),
 ])  # fmt: skip
-def test_editor_fields_strata_cannot_honour_are_400(ours: Server, body: dict[str, Any], param: str) -> None:
+def test_bad_or_unsupported_editor_fields_are_400(ours: Server, body: dict[str, Any], param: str) -> None:
     r = post(ours.base, {"input_prefix": PREFIX, "input_suffix": SUFFIX, **body})
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
