@@ -4,6 +4,8 @@ suffix and project."""
 
 from __future__ import annotations
 
+from strata_core.contract.events import TokenEvent
+from strata_core.text.choice import ChoiceText
 from strata_core.text.infill import EditorLimits, FimTokens, Pieces, infill_prompt, under_indented
 
 PRE, SUF, MID, REP, SEP, BOS = 900, 901, 902, 903, 904, 1
@@ -66,3 +68,11 @@ def test_the_time_limit_ends_at_a_new_line_after_it_passed() -> None:
     assert [limits.push([1], "a\n"), limits.push([2], "b"), limits.push([3], "c\n")] == ["a\n", "b", "c\n"]
     assert limits.why == "t_max_predict_ms"  # at 1.0 s, the first new line after 600 ms
     assert limits.push([4], "d") == ""
+
+
+def test_a_stop_inside_a_batch_of_tokens_ends_the_reply_at_its_token() -> None:
+    """The engine hands several tokens at once: those after the one that stopped are not the reply's."""
+    limits = EditorLimits(n_indent=1)
+    choice = ChoiceText([b"a", b"\n", b"b", b" c"], [], None, None, limits)
+    assert choice.push(*(TokenEvent(i) for i in range(4))).text == "a\n"
+    assert choice.stopped and limits.ids == [0, 1, 2] and limits.why == "n_indent"

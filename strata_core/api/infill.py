@@ -206,7 +206,7 @@ class Reply:
         """The last object: the rest of the text (``content``), why it stopped, the counts
         and times, cut to ``response_fields``; ``since``: the token ids already streamed."""
         u = done.usage
-        n_gen = u.completion
+        n_gen = len(limits.ids) if limits.why else u.completion  # not the tokens made before the cancel landed
         stop_type = "limit" if limits.why or done.finish == "length" else "word" if done.stop_sequence else "eos"
         obj = {"index": index, "content": content, "id_slot": self.id_slot,
                "tokens": limits.ids[since:] if self.body.return_tokens else [],

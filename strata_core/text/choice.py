@@ -122,6 +122,8 @@ class ChoiceText:
 
     def push(self, *events: TokenEvent) -> Delta:
         """Take the next tokens: the reply now safe to show and the entries that go with it."""
+        if self._limits is not None and len(events) > 1:  # an editor stop ends the reply at its token
+            return self._one_by_one(events)
         if self._aligner is None:
             text = "".join(self._detok.feed(ev.id) for ev in events)
         else:
@@ -134,6 +136,17 @@ class ChoiceText:
         out = self._release(safe, last=self.stopped)
         if open_before and self._think is not None and self._think.thinking:
             self.reasoning_tokens += len(events)
+        return out
+
+    def _one_by_one(self, events: tuple[TokenEvent, ...]) -> Delta:
+        out = Delta("")
+        for ev in events:
+            if self.stopped:
+                break
+            d = self.push(ev)
+            out.text, out.reasoning, out.calls = out.text + d.text, out.reasoning + d.reasoning, out.calls + d.calls
+            out.entries = joined(out.entries, d.entries)
+            out.reasoning_entries = joined(out.reasoning_entries, d.reasoning_entries)
         return out
 
     def end(self) -> Delta:
