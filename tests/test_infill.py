@@ -4,7 +4,9 @@ suffix and project."""
 
 from __future__ import annotations
 
-from strata_core.text.infill import FimTokens, Pieces, infill_prompt
+from strata_core.contract.events import TokenEvent
+from strata_core.text.choice import ChoiceText
+from strata_core.text.infill import EditorLimits, FimTokens, Pieces, infill_prompt, under_indented
 
 PRE, SUF, MID, REP, SEP, BOS = 900, 901, 902, 903, 904, 1
 FULL = FimTokens(PRE, SUF, MID, REP, SEP)
@@ -45,3 +47,32 @@ def test_fim_tokens_from_ready() -> None:
     assert FimTokens.of({"pre": 1, "suf": 2, "mid": 3, "rep": None, "sep": 5}) == FimTokens(1, 2, 3, None, 5)
     assert FimTokens.of({"pre": 1, "suf": 2, "mid": None}) is None
     assert FimTokens.of(None) is None
+
+
+def test_n_indent_cuts_before_the_first_line_indented_less() -> None:
+    text = "x = 1\n    y = 2\nz = 3\n"
+    assert under_indented(text, 0, 4) == text.index("z")
+    assert under_indented("x = 1\n    y = 2\n  z\n", 0, 2) is None
+    assert under_indented("foo\n\n  bar", 0, 2) == 4  # a blank line ends it too
+    assert under_indented("foo\n  ", 0, 4) is None  # the line shows nothing yet
+    assert under_indented("foo\n  b", 7, 4) is None  # decided before ``start``
+    assert under_indented("x\ny", 0, 1) == 2  # the cursor's own line is never cut
+    limits = EditorLimits(n_indent=4)
+    kept = [limits.push([i], t) for i, t in enumerate(["if x:\n", "    a\n", "b = 1", "more"])]
+    assert kept == ["if x:\n", "    a\n", "", ""] and limits.why == "n_indent" and limits.ids == [0, 1, 2]
+
+
+def test_the_time_limit_ends_at_a_new_line_after_it_passed() -> None:
+    clock = iter([0.0, 0.5, 1.0, 2.0])
+    limits = EditorLimits(t_max_predict_ms=600, clock=lambda: next(clock))
+    assert [limits.push([1], "a\n"), limits.push([2], "b"), limits.push([3], "c\n")] == ["a\n", "b", "c\n"]
+    assert limits.why == "t_max_predict_ms"  # at 1.0 s, the first new line after 600 ms
+    assert limits.push([4], "d") == ""
+
+
+def test_a_stop_inside_a_batch_of_tokens_ends_the_reply_at_its_token() -> None:
+    """The engine hands several tokens at once: those after the one that stopped are not the reply's."""
+    limits = EditorLimits(n_indent=1)
+    choice = ChoiceText([b"a", b"\n", b"b", b" c"], [], None, None, limits)
+    assert choice.push(*(TokenEvent(i) for i in range(4))).text == "a\n"
+    assert choice.stopped and limits.ids == [0, 1, 2] and limits.why == "n_indent"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -37,6 +37,7 @@ from strata_core.schema.errors import ApiError
 from strata_core.schema.requests import BaseRequest, ChatRequest
 from strata_core.text.chat import ChatTemplate
 from strata_core.text.choice import ChatShape, ChoiceText, Delta, carry
+from strata_core.text.infill import EditorLimits
 from strata_core.text.structured import Constraint
 
 log = logging.getLogger("strata.service")
@@ -279,11 +280,13 @@ class Service:
         shape: ChatShape | None = None,
         tool_grammar: str | None = None,
         echoes: list[str] | None = None,
+        limits: Callable[[], EditorLimits] | None = None,
     ) -> Run:
         """Every choice of ``req`` (``n`` per prompt) started, for every API family: the
         reply's constraint, the seed, each prompt's token limit, each choice's options.
         ``shape``: a chat's (None: a completion); ``tool_grammar``: a forced tool call's;
-        ``echoes``: text shown before each prompt's choices (completions' ``echo``)."""
+        ``echoes``: text shown before each prompt's choices (completions' ``echo``);
+        ``limits``: makes each choice's editor stops (``/infill``'s)."""
         grammar, constraint, grammar_param = constrain(req, tool_grammar, names.format)
         seed = resolve_seed(req.seed)
         max_new = [self.choice_options.check_lengths(p, req, names.prompt, names.limit) for p in prompts]
@@ -295,7 +298,8 @@ class Service:
                 opts = self.choice_options.build(req, seed=seed_for_choice(seed, pi * req.n + j),
                                                  max_tokens=max_new[pi], grammar=grammar).replace(**think)  # fmt: skip
                 echo = echoes[pi] if echoes else ""
-                choices.append(self.start_choice(prompt, opts, stops, echo, shape, grammar_param))
+                lim = limits() if limits is not None else None
+                choices.append(self.start_choice(prompt, opts, stops, echo, shape, grammar_param, lim))
         return Run(choices, seed, constraint)
 
     async def start_chat(self, req: ChatRequest, names: Names) -> ChatRun:
@@ -317,20 +321,22 @@ class Service:
         echo: str = "",
         shape: ChatShape | None = None,
         grammar_param: str | None = None,
+        limits: EditorLimits | None = None,
     ) -> AsyncIterator[Delta]:
         """Send GEN now (so an unavailable engine fails before the first byte); the choice's
         pieces as they come.
 
         ``echo``: text shown before the generated text (completions' ``echo``);
         ``shape``: a chat reply's reasoning / tool-call split (None: plain text);
-        ``grammar_param``: the parameter the grammar came from, named if the engine refuses it.
+        ``grammar_param``: the parameter the grammar came from, named if the engine refuses it;
+        ``limits``: the editor stops (``/infill``'s n_indent, t_max_predict_ms), if any.
         """
         try:
             stream = self.engine.generate(prompt, options)
         except EngineUnavailable as exc:
             raise engine_unavailable(exc) from None
         self.metrics.requests.inc()
-        choice = ChoiceText(self.pieces, stops, options.logprobs, shape)
+        choice = ChoiceText(self.pieces, stops, options.logprobs, shape, limits)
         return self._follow(stream, choice, echo, grammar_param)
 
     async def _follow(

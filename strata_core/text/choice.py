@@ -9,6 +9,7 @@ from typing import Any
 
 from strata_core.contract.events import TokenEvent, Usage
 from strata_core.text.detokenize import Detokenizer, StopMatcher
+from strata_core.text.infill import EditorLimits
 from strata_core.text.logprobs import Aligner, Entry, Span
 from strata_core.text.reasoning import Piece, ThinkSplitter
 from strata_core.text.tool_formats import THINK, ToolFormat
@@ -82,9 +83,15 @@ class ChoiceText:
     """
 
     def __init__(
-        self, pieces: list[bytes], stops: list[str], alternatives: int | None, shape: ChatShape | None = None
+        self,
+        pieces: list[bytes],
+        stops: list[str],
+        alternatives: int | None,
+        shape: ChatShape | None = None,
+        limits: EditorLimits | None = None,
     ) -> None:
         self._matcher = StopMatcher(stops)
+        self._limits = limits
         self._detok = Detokenizer(pieces)
         self._aligner = None if alternatives is None else Aligner(pieces, alternatives)
         self._think = None if shape is None else ThinkSplitter(shape.thinking, shape.think, shape.sections())
@@ -109,15 +116,31 @@ class ChoiceText:
 
     def push(self, *events: TokenEvent) -> Delta:
         """Take the next tokens: the reply now safe to show and the entries that go with it."""
+        if self._limits is not None and len(events) > 1:  # an editor stop ends the reply at its token
+            return self._one_by_one(events)
         if self._aligner is None:
             text = "".join(self._detok.feed(ev.id) for ev in events)
         else:
             text = "".join(self._aligner.add(ev.id, ev.logprob) for ev in events)
         safe, self.stopped = self._matcher.push(text)
+        if self._limits is not None:
+            safe = self._limits.push([ev.id for ev in events], safe)
+            self.stopped = self.stopped or self._limits.why is not None
         open_before = self._think is not None and self._think.reasoning_end is None
         out = self._release(safe, last=self.stopped)
         if open_before and self._think is not None and self._think.thinking:
             self.reasoning_tokens += len(events)
+        return out
+
+    def _one_by_one(self, events: tuple[TokenEvent, ...]) -> Delta:
+        out = Delta("")
+        for ev in events:
+            if self.stopped:
+                break
+            d = self.push(ev)
+            out.text, out.reasoning, out.calls = out.text + d.text, out.reasoning + d.reasoning, out.calls + d.calls
+            out.entries = joined(out.entries, d.entries)
+            out.reasoning_entries = joined(out.reasoning_entries, d.reasoning_entries)
         return out
 
     def end(self) -> Delta:
@@ -128,7 +151,10 @@ class ChoiceText:
         text = self._detok.flush() if self._aligner is None else self._aligner.flush()
         safe, self.stopped = self._matcher.push(text)
         tail = safe if self.stopped else safe + self._matcher.flush()
-        self.stopped = self._matcher.stopped  # a stop the end of the text decided
+        if self._limits is not None:
+            tail = self._limits.push([], tail)
+        # a stop the end of the text decided
+        self.stopped = self._matcher.stopped or (self._limits is not None and self._limits.why is not None)
         return self._release(tail, last=True)
 
     def _release(self, text: str, last: bool) -> Delta:

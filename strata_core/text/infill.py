@@ -11,7 +11,8 @@ and the other files the end of what the context leaves. Pure: the caller tokeniz
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,3 +74,51 @@ def infill_prompt(fim: FimTokens, p: Pieces, n_batch: int, n_ctx: int, bos: int 
         head.insert(0, bos)
     return [*extra[len(extra) - n_extra :], *head, fim.suf, *p.suffix[:n_suffix], fim.mid]
 
+
+
+class EditorLimits:
+    """llama-server's stops for editors, on the text as it is generated: ``n_indent`` ends
+    the reply at a line (after the cursor's) indented less than that many spaces or tabs,
+    cut before its first character (a blank line included); ``t_max_predict_ms`` ends it
+    at a new line once that long has passed since the first token. ``why`` names the one
+    that ended it; ``ids`` are the tokens generated (``return_tokens``)."""
+
+    def __init__(self, n_indent: int = 0, t_max_predict_ms: int = -1, clock: Callable[[], float] = time.monotonic):
+        self.n_indent, self.t_max_predict_ms, self._clock = n_indent, t_max_predict_ms, clock
+        self.t_first: float | None = None  # when the first token came (clock's seconds)
+        self.ids: list[int] = []
+        self.why: str | None = None
+        self._text = ""
+
+    def push(self, ids: Sequence[int], text: str) -> str:
+        """What to keep of ``text``, released with the tokens ``ids``: all of it, or the
+        part before the stop (then ``why`` is set); nothing once stopped."""
+        if self.why is not None:
+            return ""
+        now = self._clock()
+        self.t_first = now if self.t_first is None else self.t_first
+        self.ids += ids
+        start, self._text = len(self._text), self._text + text
+        cut = under_indented(self._text, start, self.n_indent) if self.n_indent > 0 else None
+        if cut is not None:
+            self.why, self._text = "n_indent", self._text[:cut]
+            return text[: cut - start]
+        if "\n" in text and 0 < self.t_max_predict_ms < (now - self.t_first) * 1000:
+            self.why = "t_max_predict_ms"
+        return text
+
+
+def under_indented(text: str, start: int, n_indent: int) -> int | None:
+    """Where the first line begun after a new line and indented less than ``n_indent``
+    shows its first character, if that character is at ``start`` or later."""
+    ls = text.rfind("\n", 0, start) + 1 if "\n" in text[:start] else text.find("\n", start) + 1
+    while ls > 0:
+        p = ls
+        while p < len(text) and text[p] in " \t":
+            p += 1
+        if p == len(text):
+            return None  # the line shows nothing yet
+        if p >= start and p - ls < n_indent:
+            return p
+        ls = text.find("\n", p) + 1
+    return None
