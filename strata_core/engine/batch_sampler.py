@@ -5,10 +5,13 @@ the position keying its Philox draw and, under a grammar, its mask. What is the 
 arithmetic for every row runs once over the matrix: the raw argmax of every plain row,
 then for the others logit bias, ``allowed``, penalties (one scatter each over all rows),
 the grammar masks (a row each), the "nothing permitted" check and the greedy picks (one
-argmax). DRY's sequence matching runs per row, over the row's own history. A sampled row's
-cuts and draw run per row (sampler.pick: the cuts in its order, each with its own Philox
-uniforms and its request's state); a row that uses none of llama.cpp's further stages
-takes the same path as before they existed. Every value is computed by the same float32 / float64
+argmax). DRY's sequence matching runs per row, over the row's own history. The top_k cut
+of every sampled row whose chain starts with it (the costly step: the best k of the whole
+row) is found for all rows of the same top_k together, reading only the blocks of each
+row that can hold them (``_tops``). The rest of a sampled row's cuts and its draw run per
+row (sampler.pick: the cuts in its order, each with its own Philox uniforms and its
+request's state); a row that uses none of llama.cpp's further stages takes the same path
+as before they existed. Every value is computed by the same float32 / float64
 operations as sampler.sample on that row alone, so a token never depends on the rows
 beside it (tests/test_batch_sampler.py checks this row by row).
 """
@@ -23,8 +26,10 @@ import numpy.typing as npt
 
 from strata_core.contract.options import SamplingParams
 from strata_core.engine import dry
-from strata_core.engine.sampler import F32, pick
+from strata_core.engine.sampler import F32, Candidates, best, first, in_order, pick, top_k_leads
 from strata_core.engine.stages import SamplerState
+
+_BLOCK = 64  # columns per block when bounding each row's top_k (``_tops``)
 
 
 class Row(NamedTuple):
@@ -105,6 +110,7 @@ def _adjusted_rows(
     alive = x.max(axis=1) > -np.inf
     greedy = np.fromiter((r.params.greedy for r in rows), bool, len(rows))
     picks = np.argmax(x, axis=1) if greedy.any() else None
+    heads = _heads(x, rows, [i for i, r in enumerate(rows) if alive[i] and i not in bad])
     for i, r in enumerate(rows):
         at = int(index[i])
         if i in bad:
@@ -114,7 +120,45 @@ def _adjusted_rows(
         elif picks is not None and greedy[i]:
             tokens[at] = picks[i]
         else:
-            tokens[at] = pick(x[i], r.params, r.position, r.stream, r.state)
+            tokens[at] = pick(x[i], r.params, r.position, r.stream, r.state, heads.get(i))
+
+
+def _heads(x: np.ndarray, rows: list[Row], live: list[int]) -> dict[int, Candidates]:
+    """The top_k cut of every live row whose pick starts with it (sampler.top_k_leads),
+    found for all rows of the same top_k at once (``_tops``)."""
+    vocab = x.shape[1]
+    by_k: dict[int, list[int]] = {}
+    for i in live:
+        p = rows[i].params
+        if top_k_leads(p) and p.top_k < vocab and (not p.extended or np.count_nonzero(x[i] > -np.inf) > p.top_k):
+            by_k.setdefault(p.top_k, []).append(i)
+    heads: dict[int, Candidates] = {}
+    for k, which in by_k.items():
+        for i, ids in zip(which, _tops(x, np.array(which, np.intp), k), strict=True):
+            heads[i] = best(x[i], ids)
+    return heads
+
+
+def _tops(x: np.ndarray, which: npt.NDArray[np.intp], m: int) -> list[npt.NDArray[np.intp]]:
+    """sampler.first(x[i], m) for each row i in ``which`` (0 < m < vocab), without a
+    partition of each whole row: the m-th largest of a row's block maxima is at or under
+    its m-th best value (m blocks reach it), so only the blocks reaching it are read.
+    A row whose bound reaches many blocks (ties, -inf, NaN) takes first() itself."""
+    n = x.shape[1]
+    b = min(_BLOCK, max(1, n // (8 * m)))  # at least 8m blocks
+    sub = x if which.size == x.shape[0] else x[which]
+    peaks = np.maximum.reduceat(sub, np.arange(0, n, b), axis=1)
+    bound = np.partition(peaks, peaks.shape[1] - m, axis=1)[:, peaks.shape[1] - m]
+    reached = peaks >= bound[:, None]
+    few = (reached.sum(axis=1) <= 4 * m) & ~np.isnan(peaks).any(axis=1)
+    rb, cb = np.nonzero(reached & few[:, None])
+    cols = cb[:, None] * b + np.arange(b)
+    inside = cols < n  # the last block may be short
+    cols = np.where(inside, cols, n - 1)
+    keep = (sub[rb[:, None], cols] >= bound[rb][:, None]) & inside
+    counts = np.bincount(rb, keep.sum(axis=1), len(which)).astype(np.intp)
+    found = np.split(cols[keep], np.cumsum(counts)[:-1])
+    return [in_order(sub[j], found[j])[:m] if few[j] else first(sub[j], m) for j in range(len(which))]
 
 
 def _scatter(rows: list[Row], ids_of: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
