@@ -18,14 +18,15 @@ beside it (tests/test_batch_sampler.py checks this row by row).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from strata_core.contract.options import SamplingParams
-from strata_core.engine import dry
+from strata_core.engine import dry, philox
 from strata_core.engine.sampler import F32, Candidates, best, first, in_order, pick, top_k_leads
 from strata_core.engine.stages import SamplerState
 
@@ -111,6 +112,7 @@ def _adjusted_rows(
     greedy = np.fromiter((r.params.greedy for r in rows), bool, len(rows))
     picks = np.argmax(x, axis=1) if greedy.any() else None
     heads = _heads(x, rows, [i for i, r in enumerate(rows) if alive[i] and i not in bad])
+    drawn = _draw_heads(rows, {i: c for i, c in heads.items() if not rows[i].params.extended})
     for i, r in enumerate(rows):
         at = int(index[i])
         if i in bad:
@@ -119,6 +121,8 @@ def _adjusted_rows(
             errors[at] = "no token is permitted: allowed / grammar mask / bias excluded all"
         elif picks is not None and greedy[i]:
             tokens[at] = picks[i]
+        elif i in drawn:
+            tokens[at] = drawn[i]
         else:
             tokens[at] = pick(x[i], r.params, r.position, r.stream, r.state, heads.get(i))
 
@@ -137,6 +141,47 @@ def _heads(x: np.ndarray, rows: list[Row], live: list[int]) -> dict[int, Candida
         for i, ids in zip(which, _tops(x, np.array(which, np.intp), k), strict=True):
             heads[i] = best(x[i], ids)
     return heads
+
+
+def _draw_heads(rows: list[Row], heads: dict[int, Candidates]) -> dict[int, int]:
+    """min_p -> top_p -> temperature -> draw (sampler.truncate and sampler.draw) for every
+    row of the old chain from its top_k head, as one matrix padded with -inf: each cut
+    keeps a prefix of the head; weights are the same elementwise float64 exps, and the
+    masses the same sequential sums (cumsum, in the same order; the padding adds 0.0)."""
+    if len(heads) < 2:
+        return {}
+    at = list(heads)
+    params = [rows[i].params for i in at]
+    width = max(c.ids.size for c in heads.values())
+    ids = np.full((len(at), width), np.iinfo(np.intp).max, np.intp)  # padding sorts last by id
+    logits = np.full((len(at), width), -np.inf, np.float64)
+    for j, i in enumerate(at):
+        ids[j, : heads[i].ids.size], logits[j, : heads[i].ids.size] = heads[i].ids, heads[i].logits
+    size = np.fromiter((heads[i].ids.size for i in at), np.intp, len(at))
+    top = logits[:, :1]  # candidate order: the head's first is its max
+    log_min_p = np.array([math.log(p.min_p) if p.min_p > 0.0 else -np.inf for p in params])
+    size = np.minimum(size, (logits >= top + log_min_p[:, None]).sum(axis=1))
+    by_id = np.argsort(ids, axis=1, kind="stable")
+    top_p = np.array([p.top_p for p in params])
+    cut = _walk_prefix(np.exp(logits - top), size, by_id, top_p, "left")
+    size = np.where(top_p < 1.0, cut + 1, size)
+    u = np.array([philox.uniform(p.seed, rows[i].position, rows[i].stream) for i, p in zip(at, params, strict=True)])
+    t = np.array([p.temperature for p in params])
+    chosen = _walk_prefix(np.exp((logits - top) / t[:, None]), size, by_id, u, "right")
+    return {i: int(ids[j, chosen[j]]) for j, i in enumerate(at)}
+
+
+def _walk_prefix(
+    weights: np.ndarray, size: np.ndarray, by_id: np.ndarray, share: np.ndarray, side: Literal["left", "right"]
+) -> npt.NDArray[np.intp]:
+    """sampler._walk on each row's first ``size`` candidates: the position where the running
+    mass first passes ``share`` of the prefix's mass (summed in ascending id order)."""
+    inside = np.arange(weights.shape[1]) < size[:, None]
+    w = np.where(inside, weights, 0.0)
+    target = share * np.cumsum(np.take_along_axis(w, by_id, axis=1), axis=1)[:, -1]
+    running = np.cumsum(w, axis=1)
+    passed = running < target[:, None] if side == "left" else running <= target[:, None]
+    return np.minimum(size - 1, (passed & inside).sum(axis=1))
 
 
 def _tops(x: np.ndarray, which: npt.NDArray[np.intp], m: int) -> list[npt.NDArray[np.intp]]:
