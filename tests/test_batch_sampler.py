@@ -233,3 +233,33 @@ def test_rows_of_several_top_k_in_one_step() -> None:
     rows = [Row(SamplingParams(temperature=1.0, top_k=k, top_p=0.9, seed=2, samplers=orders[i % 5]), (), i)
             for i, k in enumerate([1, 40, 40, 300, 4999, 40, 2, 1000])]  # fmt: skip
     assert sample_rows(x, rows).tokens.tolist() == [sample(x[i], r.params, r.history, r.position) for i, r in enumerate(rows)]
+
+
+@st.composite
+def chain_steps(draw: st.DrawFn) -> tuple[np.ndarray, list[Row]]:
+    """Rows of the old chain only (top_k -> min_p -> top_p -> temperature), which the batch
+    cuts and draws as one matrix: heads of different sizes (-inf cut some), ties, extremes."""
+    n = draw(st.integers(2, 8))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    x = (rng.normal(0.0, 1.0, (n, VOCAB)) * draw(st.sampled_from([0.1, 3.0]))).astype(np.float32)
+    if draw(st.booleans()):
+        x = np.round(x).astype(np.float32)
+    rows = []
+    for i in range(n):
+        if draw(st.integers(0, 4)) == 0:
+            x[i, rng.random(VOCAB) < 0.995] = -np.inf  # fewer permitted than top_k
+        params = SamplingParams(
+            temperature=draw(st.sampled_from([0.01, 0.7, 1.0, 4.0])),
+            top_k=draw(st.sampled_from([1, 2, 40, 300, VOCAB - 1])),
+            top_p=draw(st.sampled_from([1.0, 0.95, 0.5, 0.01])),
+            min_p=draw(st.sampled_from([0.0, 0.05, 0.9])),
+            seed=draw(st.integers(0, 2**64 - 1)),
+        )
+        rows.append(Row(params, (), draw(st.integers(0, 5000)), draw(st.integers(0, 3))))
+    return x, rows
+
+
+@settings(max_examples=300, deadline=None)
+@given(chain_steps())
+def test_old_chain_rows_drawn_together_are_the_per_row_tokens(step: tuple[np.ndarray, list[Row]]) -> None:
+    _per_row(*step)

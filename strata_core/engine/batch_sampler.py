@@ -8,12 +8,12 @@ the grammar masks (a row each), the "nothing permitted" check and the greedy pic
 argmax). DRY's sequence matching runs per row, over the row's own history. The top_k cut
 of every sampled row whose chain starts with it (the costly step: the best k of the whole
 row) is found for all rows of the same top_k together, reading only the blocks of each
-row that can hold them (``_tops``). The rest of a sampled row's cuts and its draw run per
-row (sampler.pick: the cuts in its order, each with its own Philox uniforms and its
-request's state); a row that uses none of llama.cpp's further stages takes the same path
-as before they existed. Every value is computed by the same float32 / float64
-operations as sampler.sample on that row alone, so a token never depends on the rows
-beside it (tests/test_batch_sampler.py checks this row by row).
+row that can hold them (``_tops``); the rows of the old chain (top_k -> min_p -> top_p ->
+temperature) then make their cuts and draws as one padded matrix (``_draw_heads``). The
+further stages' cuts and draws run per row (sampler.pick: the cuts in the row's order,
+each with its own Philox uniforms and its request's state). Every value is computed by
+the same float32 / float64 operations as sampler.sample on that row alone, so a token
+never depends on the rows beside it (tests/test_batch_sampler.py checks this row by row).
 """
 
 from __future__ import annotations
