@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strata_core.contract.options import SamplingParams
-from strata_core.engine.batch_sampler import Row, sample_rows
-from strata_core.engine.sampler import sample
+from strata_core.engine.batch_sampler import Row, _tops, sample_rows
+from strata_core.engine.sampler import first, sample
 from strata_core.engine.stages import SamplerState
 
 VOCAB = 1200  # above the lazy walk's first block (256), so top_p and draws widen it
@@ -191,4 +191,75 @@ def biased_steps(draw: st.DrawFn) -> tuple[np.ndarray, list[Row]]:
 @settings(max_examples=300, deadline=None)
 @given(biased_steps())
 def test_biased_greedy_rows_are_the_per_row_tokens(step: tuple[np.ndarray, list[Row]]) -> None:
+    _per_row(*step)
+
+
+@st.composite
+def head_steps(draw: st.DrawFn) -> tuple[np.ndarray, int]:
+    """Rows for the batched top_k head: odd widths (a short last block), ties, -inf runs and NaN."""
+    n, vocab = draw(st.integers(1, 5)), draw(st.sampled_from([2, 7, 1200, 3001]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    x = rng.normal(0.0, 1.0, (n, vocab)).astype(np.float32)
+    if draw(st.booleans()):
+        x = (np.round(x * draw(st.sampled_from([1, 4]))) / 4).astype(np.float32)
+    for i in range(n):
+        kind = draw(st.sampled_from(["plain", "masked", "flat", "nan", "negzero"]))
+        if kind == "masked":
+            x[i, rng.random(vocab) < draw(st.sampled_from([0.5, 0.99, 1.0]))] = -np.inf
+        elif kind == "flat":
+            x[i] = 1.0
+        elif kind == "nan":
+            x[i, rng.integers(0, vocab)] = np.nan
+        elif kind == "negzero":
+            x[i, rng.integers(0, vocab, 3)] = draw(st.sampled_from([0.0, -0.0]))
+    return x, draw(st.integers(1, vocab - 1))
+
+
+@settings(max_examples=300, deadline=None)
+@given(head_steps())
+def test_the_batched_top_k_head_is_each_rows_own(step: tuple[np.ndarray, int]) -> None:
+    """_tops finds what sampler.first finds on each row alone, whatever the row holds."""
+    x, m = step
+    got = _tops(x, np.arange(x.shape[0]), m)
+    for i in range(x.shape[0]):
+        assert got[i].tolist() == first(x[i], m).tolist()
+
+
+def test_rows_of_several_top_k_in_one_step() -> None:
+    """Rows with different top_k (and orders that do or do not start with it) beside each other."""
+    rng = np.random.default_rng(8)
+    x = rng.normal(0.0, 2.0, (8, 5000)).astype(np.float32)
+    orders = [None, "kpt", "skt", "tk", "pk"]
+    rows = [Row(SamplingParams(temperature=1.0, top_k=k, top_p=0.9, seed=2, samplers=orders[i % 5]), (), i)
+            for i, k in enumerate([1, 40, 40, 300, 4999, 40, 2, 1000])]  # fmt: skip
+    assert sample_rows(x, rows).tokens.tolist() == [sample(x[i], r.params, r.history, r.position) for i, r in enumerate(rows)]
+
+
+@st.composite
+def chain_steps(draw: st.DrawFn) -> tuple[np.ndarray, list[Row]]:
+    """Rows of the old chain only (top_k -> min_p -> top_p -> temperature), which the batch
+    cuts and draws as one matrix: heads of different sizes (-inf cut some), ties, extremes."""
+    n = draw(st.integers(2, 8))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    x = (rng.normal(0.0, 1.0, (n, VOCAB)) * draw(st.sampled_from([0.1, 3.0]))).astype(np.float32)
+    if draw(st.booleans()):
+        x = np.round(x).astype(np.float32)
+    rows = []
+    for i in range(n):
+        if draw(st.integers(0, 4)) == 0:
+            x[i, rng.random(VOCAB) < 0.995] = -np.inf  # fewer permitted than top_k
+        params = SamplingParams(
+            temperature=draw(st.sampled_from([0.01, 0.7, 1.0, 4.0])),
+            top_k=draw(st.sampled_from([1, 2, 40, 300, VOCAB - 1])),
+            top_p=draw(st.sampled_from([1.0, 0.95, 0.5, 0.01])),
+            min_p=draw(st.sampled_from([0.0, 0.05, 0.9])),
+            seed=draw(st.integers(0, 2**64 - 1)),
+        )
+        rows.append(Row(params, (), draw(st.integers(0, 5000)), draw(st.integers(0, 3))))
+    return x, rows
+
+
+@settings(max_examples=300, deadline=None)
+@given(chain_steps())
+def test_old_chain_rows_drawn_together_are_the_per_row_tokens(step: tuple[np.ndarray, list[Row]]) -> None:
     _per_row(*step)

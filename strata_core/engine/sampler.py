@@ -75,7 +75,7 @@ def apply_penalties(
     return x
 
 
-def _first(v: np.ndarray, m: int) -> npt.NDArray[np.intp]:
+def first(v: np.ndarray, m: int) -> npt.NDArray[np.intp]:
     """Positions of the m best entries of v, in candidate order (lower position wins ties).
 
     A float partition finds the m-th value; everything at or above it (a few more than m
@@ -88,11 +88,16 @@ def _first(v: np.ndarray, m: int) -> npt.NDArray[np.intp]:
         pos = np.flatnonzero(v >= np.partition(v, n - m)[n - m])
     else:
         pos = np.arange(n)
+    return in_order(v, pos)[:m]
+
+
+def in_order(v: np.ndarray, pos: np.ndarray) -> npt.NDArray[np.intp]:
+    """The positions ``pos`` of v in candidate order (descending value, lower position first)."""
     bits = (v[pos].astype(F32) + F32(0.0)).view(np.int32)  # + 0.0: -0.0 ties with +0.0
     ascending = bits ^ ((bits >> 31) & np.int32(0x7FFFFFFF))  # signed order == float order
     keys = ((~ascending).astype(np.int64) << 32) | pos
     keys.sort()
-    return (keys[:m] & 0xFFFFFFFF).astype(np.intp)
+    return (keys & 0xFFFFFFFF).astype(np.intp)
 
 
 def _walk(
@@ -105,7 +110,7 @@ def _walk(
         return pos, min(n - 1, int(np.searchsorted(np.cumsum(weights), target, side=side)))
     m = min(n, _FIRST_BLOCK)
     while True:  # most mass sits in the head: sort only as much as the walk needs
-        pos = _first(c.logits, m)
+        pos = first(c.logits, m)
         i = int(np.searchsorted(np.cumsum(weights[pos]), target, side=side))
         if i < m or m == n:
             return pos, min(i, n - 1)
@@ -124,14 +129,28 @@ def _weights(c: Candidates, temperature: float) -> npt.NDArray[np.float64]:
 def candidates(x: np.ndarray, top_k: int) -> Candidates:
     """The permitted entries of x, cut to the top_k best when top_k is set."""
     if 0 < top_k < x.size:
-        ids = _first(x, top_k)
-        ids = ids[x[ids] > -np.inf]
-        return Candidates(ids, x[ids], True)
+        return best(x, first(x, top_k))
     permitted = x > -np.inf
     if permitted.all():
         return Candidates(np.arange(x.size), x, False)
     ids = np.flatnonzero(permitted)
     return Candidates(ids, x[ids], False)
+
+
+def best(x: np.ndarray, ids: np.ndarray) -> Candidates:
+    """top_k's candidates from the positions of x's top_k best (``first``): the permitted ones."""
+    ids = ids[x[ids] > -np.inf]
+    return Candidates(ids, x[ids], True)
+
+
+def top_k_leads(p: SamplingParams) -> bool:
+    """A sampled pick's first cut is top_k over the whole adjusted row (as far as the row
+    decides: an extended chain cuts only when more than top_k tokens are permitted), so a
+    caller may find that head itself and pass it to ``pick``."""
+    if p.greedy or p.top_k <= 0 or p.mirostat or "k" not in p.order:
+        return False
+    lead = p.order.partition("k")[0] if p.extended else ""
+    return all(s in "eda" or (s == "s" and p.top_n_sigma <= 0.0) for s in lead)
 
 
 def apply_min_p(c: Candidates, min_p: float, t: float = 1.0, min_keep: int = 0) -> Candidates:
@@ -157,7 +176,7 @@ def apply_top_p(c: Candidates, top_p: float, t: float = 1.0, min_keep: int = 0) 
 
 def _head(c: Candidates, k: int) -> Candidates:
     """The k best candidates, in candidate order."""
-    pos = np.arange(min(k, c.ids.size)) if c.ordered else _first(c.logits, min(k, c.ids.size))
+    pos = np.arange(min(k, c.ids.size)) if c.ordered else first(c.logits, min(k, c.ids.size))
     return Candidates(c.ids[pos], c.logits[pos], True)
 
 
@@ -192,26 +211,39 @@ def sample(
     return pick(x, params, position, stream, state)
 
 
-def pick(x: np.ndarray, params: SamplingParams, position: int, stream: int, state: SamplerState | None) -> int:
-    """A sampled pick from an adjusted row: the cuts, the temperature and the draw."""
+def pick(
+    x: np.ndarray,
+    params: SamplingParams,
+    position: int,
+    stream: int,
+    state: SamplerState | None,
+    head: Candidates | None = None,
+) -> int:
+    """A sampled pick from an adjusted row: the cuts, the temperature and the draw; ``head``:
+    the row's top_k cut found already (only where ``top_k_leads`` and that cut applies)."""
     if not params.extended:
-        return draw(truncate(x, params), params.temperature, philox.uniform(params.seed, position, stream))
+        return draw(truncate(x, params, head), params.temperature, philox.uniform(params.seed, position, stream))
     u, u_xtc = philox.uniforms(params.seed, position, stream)
     state = state if state is not None else SamplerState()
     if params.mirostat:
         return _mirostat(x, params, u, state)
-    c, t = chain(x, params, u_xtc)
+    c, t = chain(x, params, u_xtc, head)
     if params.adaptive_target >= 0.0 and "a" in params.order:
         return _adaptive(c, t, params, u, state)
     return draw(c, t, u)
 
 
-def chain(x: np.ndarray, p: SamplingParams, u_xtc: float | None) -> tuple[Candidates, float]:
+def chain(
+    x: np.ndarray, p: SamplingParams, u_xtc: float | None, head: Candidates | None = None
+) -> tuple[Candidates, float]:
     """The candidates an extended pick draws from and the temperature it draws at: the cut
     stages in the request's order (penalties and DRY ran on the row already); XTC
-    applies when its draw ``u_xtc`` falls at or under its probability (None: never)."""
-    c, t = candidates(x, 0), 1.0
-    for stage in p.order:
+    applies when its draw ``u_xtc`` falls at or under its probability (None: never);
+    ``head``: the top_k cut found already, so the stages after it run on it."""
+    c, t, order = candidates(x, 0), 1.0, p.order
+    if head is not None:
+        c, order = head, order.partition("k")[2]
+    for stage in order:
         if stage == "k" and 0 < p.top_k < c.ids.size:
             c = _head(c, p.top_k)
         elif stage == "m":
@@ -253,7 +285,7 @@ def _mirostat(x: np.ndarray, p: SamplingParams, u: float, state: SamplerState) -
     mu = state.mu if state.mu is not None else 2.0 * p.mirostat_tau
     q = stages.softmax(c.logits, p.temperature)  # ascending id: only the head is sorted
     if p.mirostat == 1:
-        q = q[_first(c.logits, min(stages.MIROSTAT_M, q.size))]
+        q = q[first(c.logits, min(stages.MIROSTAT_M, q.size))]
     head = _head(c, stages.mirostat_cut(q, p, mu, x.size))
     q = stages.softmax(head.logits, p.temperature)
     i = stages.choose(q, u)
@@ -308,9 +340,11 @@ def permitted(
     return x
 
 
-def truncate(x: np.ndarray, params: SamplingParams) -> Candidates:
-    """The cuts a sampled pick makes on an adjusted row: top_k -> min_p -> top_p."""
-    return apply_top_p(apply_min_p(candidates(x, params.top_k), params.min_p), params.top_p)
+def truncate(x: np.ndarray, params: SamplingParams, head: Candidates | None = None) -> Candidates:
+    """The cuts a sampled pick makes on an adjusted row: top_k (or ``head``, its cut found
+    already) -> min_p -> top_p."""
+    c = candidates(x, params.top_k) if head is None else head
+    return apply_top_p(apply_min_p(c, params.min_p), params.top_p)
 
 
 def probabilities(
@@ -369,7 +403,7 @@ def processed_logprobs(
     lp = np.full(x.size, -np.inf, F32)
     lp[c.ids] = lz
     n = min(k, lz.size)
-    pos = _first(lz, n) if n > 0 else np.empty(0, np.intp)  # candidate order: ties to lower id
+    pos = first(lz, n) if n > 0 else np.empty(0, np.intp)  # candidate order: ties to lower id
     return lp, [(int(c.ids[i]), float(lz[i])) for i in pos]
 
 
@@ -377,5 +411,5 @@ def _log_softmax_top(x: np.ndarray, k: int) -> tuple[np.ndarray, list[tuple[int,
     d = x - x.max()
     lp = d - F32(math.log(np.exp(d).sum(dtype=np.float64)))
     n = min(k, int(np.count_nonzero(lp > -np.inf)))
-    top = _first(lp, n) if n > 0 else np.empty(0, np.intp)
+    top = first(lp, n) if n > 0 else np.empty(0, np.intp)
     return lp, [(int(i), float(lp[i])) for i in top]
