@@ -18,9 +18,11 @@ from hypothesis import strategies as st
 from strata_core.contract.options import SamplingParams
 from strata_core.engine.batch_sampler import Row, _tops, sample_rows
 from strata_core.engine.sampler import first, sample
-from strata_core.engine.stages import SamplerState
+from strata_core.engine.stages import InfillVocab, SamplerState
 
 VOCAB = 1200  # above the lazy walk's first block (256), so top_p and draws widen it
+#: the infill stage's vocabulary: hex pieces, many prefixes of others; two end tokens
+INFILL = InfillVocab(tuple(b"" if t < 2 else f"{t:x}".encode() for t in range(VOCAB)), frozenset({0, 1}), 0)
 
 
 def _params(draw: st.DrawFn, vocab: int) -> SamplingParams:
@@ -61,7 +63,7 @@ def _further(draw: st.DrawFn) -> dict[str, Any]:
         "adaptive_target": draw(st.sampled_from([-1.0, 0.3, 0.9])),
         "adaptive_decay": draw(st.sampled_from([0.9, 0.0])),
         "min_keep": draw(st.sampled_from([0, 1, 3, 50])),
-        "samplers": draw(st.none() | st.lists(st.sampled_from("edskympxta"), min_size=1, max_size=10).map("".join)),
+        "samplers": draw(st.none() | st.lists(st.sampled_from("edskympxtai"), min_size=1, max_size=10).map("".join)),
     }
 
 
@@ -85,7 +87,8 @@ def steps(draw: st.DrawFn) -> tuple[np.ndarray, list[Row]]:
             mask = rng.random(VOCAB) < draw(st.sampled_from([0.0, 0.002, 0.3, 1.0]))
         if draw(st.integers(0, 3)) == 0:  # repeats for DRY to find
             history += history[-draw(st.integers(1, 10)) :] * 3
-        state = SamplerState(breakers={int(history[0]): ((),)} if history else {}, mu=draw(st.none() | st.just(3.0)))
+        state = SamplerState(breakers={int(history[0]): ((),)} if history else {}, mu=draw(st.none() | st.just(3.0)),
+                             infill=INFILL)  # fmt: skip
         rows.append(Row(params, history, draw(st.integers(0, 5000)), draw(st.integers(0, 3)), mask, state))
     return x, rows
 

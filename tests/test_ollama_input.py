@@ -30,7 +30,7 @@ def test_options_map_onto_strata_sampling() -> None:
 @pytest.mark.parametrize(("options", "param"), [
     ({"mirostat": 3}, "options.mirostat"), ({"num_gpu": 10}, "options.num_gpu"),
     ({"tfs_z": 0.5}, "options.tfs_z"), ({"typical_p": 1.5}, "options.typical_p"),
-    ({"samplers": ["top_k", "infill"]}, "options.samplers"),
+    ({"samplers": ["top_k", "beam"]}, "options.samplers"),
     ({"temperature": -1}, "options.temperature"), ({"repeat_penalty": 0}, "options.repeat_penalty"),
     ({"num_predict": -3}, "options.num_predict"), ({"bogus": 1}, "options.bogus"),
 ])  # fmt: skip

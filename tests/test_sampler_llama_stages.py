@@ -215,3 +215,76 @@ def test_dry_on_the_model(ll, model_rows, breakers, mult, base, allowed, last_n)
     # the loop is penalised, unless "." (the prompt's last sentence end) limits it below allowed
     assert ((mine != x).sum() >= 1) == ("." not in breakers or allowed < 2)
     np.testing.assert_allclose(mine, kept["logit"], rtol=1e-6, atol=1e-5)
+
+
+def _infill_vocab(ll: ModuleType, vocab: Any, n_vocab: int) -> stages.InfillVocab:  # noqa: F811
+    """The default model's vocabulary as the engine hands it to the infill stage."""
+    buf = ctypes.create_string_buffer(256)
+
+    def piece(t: int) -> bytes:
+        n = ll.llama_token_to_piece(vocab, t, buf, 256, 0, False)  # special=false: control tokens empty
+        return buf.raw[:n]
+
+    pieces = [piece(t) for t in range(n_vocab)]
+    eog = frozenset(t for t in range(n_vocab) if ll.llama_vocab_is_eog(vocab, t))
+    end = ll.llama_vocab_eot(vocab)
+    return stages.InfillVocab(pieces, eog, end if end >= 0 else ll.llama_vocab_eos(vocab))
+
+
+def _llama_infill(ll: ModuleType, vocab: Any, ids: np.ndarray, logits: np.ndarray) -> np.ndarray:  # noqa: F811
+    """The token data libllama's infill stage leaves of the candidates ``ids`` (finite logits)."""
+    buf = (ll.llama_token_data * ids.size)()
+    view = np.frombuffer(buf, TOKEN)
+    view["id"], view["logit"], view["p"] = ids, logits, 0.0
+    cur = ll.llama_token_data_array(buf, ids.size, -1, False)
+    stage = ll.llama_sampler_init_infill(vocab)
+    try:
+        ll.llama_sampler_apply(stage, ctypes.byref(cur))
+    finally:
+        ll.llama_sampler_free(stage)
+    kept = np.frombuffer(ctypes.cast(cur.data, ctypes.POINTER(ll.llama_token_data * cur.size)).contents, TOKEN).copy()
+    return kept[np.isfinite(kept["logit"])]
+
+
+def _same_as_llama(ll, vocab, iv: stages.InfillVocab, ids: np.ndarray, logits: np.ndarray) -> Any:  # noqa: F811
+    """Our stage equals libllama's on candidates in candidate order; what ours left."""
+    kept = _llama_infill(ll, vocab, ids, logits)
+    mine = stages.infill(ids, logits, 1.0, iv)
+    if mine is None:
+        assert kept["id"].tolist() == [iv.end] and kept["logit"].tolist() == [1.0]
+        return mine
+    pos, q = mine
+    assert ids[pos].tolist() == kept["id"].tolist()
+    np.testing.assert_allclose(q, kept["p"], rtol=1e-5, atol=1e-6)
+    return mine
+
+
+@pytest.mark.parametrize(("k", "t", "eog_boost"), [(40, 1.0, 0.0), (40, 0.5, 0.0), (200, 2.0, 0.0), (40, 1.0, 12.0), (3, 1.0, 0.0)])
+def test_infill_on_the_model(ll, model_rows, k, t, eog_boost):  # noqa: F811
+    """llama.cpp's infill stage after top_k and temperature on the model's row (its pieces
+    and EOG tokens): the same survivors with the same probabilities; the chain keeps them."""
+    _, vocab, rows, _ = model_rows
+    iv = _infill_vocab(ll, vocab, rows[0].size)
+    x0 = rows[0].copy()
+    x0[sorted(iv.eog)] += np.float32(eog_boost)  # a row where an end is likely enough
+    head = sampler.first(x0, k)
+    mine = _same_as_llama(ll, vocab, iv, head, x0[head] / np.float32(t))
+    assert not eog_boost or mine is None or set(head[mine[0]].tolist()) <= iv.eog  # the fixture: ends only
+    c, _ = sampler.chain(x0, replace(BASE, temperature=t, top_k=k, samplers="kti"), None, vocab=iv)
+    want = [iv.end] if mine is None else head[mine[0]].tolist()
+    assert c.ids.tolist() == want
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_infill_merges_prefixes_as_llama_does(ll, model_rows, seed):  # noqa: F811
+    """Candidates that are prefixes of one another (the vocabulary's pieces starting " c"),
+    random logits: the merges leave llama.cpp's survivors and probabilities."""
+    _, vocab, rows, _ = model_rows
+    iv = _infill_vocab(ll, vocab, rows[0].size)
+    ids = np.array([t for t, w in enumerate(iv.pieces) if w.startswith(b" c") and len(w) <= 4], np.intp)
+    assert ids.size > 50 and any(stages._extensions([iv.pieces[int(i)] for i in ids]))  # the fixture merges
+    rng = np.random.default_rng(seed)
+    logits = np.sort(rng.normal(0.0, 2.0, ids.size)).astype(np.float32)[::-1].copy()
+    ids = rng.permutation(ids)
+    _same_as_llama(ll, vocab, iv, ids, logits)
+

@@ -227,7 +227,7 @@ def test_dry_breaks_a_greedy_loop_and_bad_values_are_400s(api: openai.OpenAI) ->
     seeded = {"temperature": 0.8, "seed": 7, "max_tokens": 24, "extra_body": {"mirostat": 2, "mirostat_tau": 3.0}}
     mirostat = chat(api, **seeded)
     assert chat(api, **seeded) == mirostat != chat(api, **{**seeded, "extra_body": {}})
-    for field, value in (("dry_base", 0.5), ("mirostat", 3), ("typical_p", 2.0), ("samplers", ["infill"]),
+    for field, value in (("dry_base", 0.5), ("mirostat", 3), ("typical_p", 2.0), ("samplers", ["beam"]),
                          ("adaptive_decay", 1.0), ("dry_sequence_breakers", [])):  # fmt: skip
         with pytest.raises(openai.BadRequestError) as err:
             complete(api, "Hi", max_tokens=1, temperature=1.0, extra_body={field: value})

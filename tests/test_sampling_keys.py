@@ -227,13 +227,13 @@ def test_llama_server_fields_are_sent_by_their_names_and_decode_back() -> None:
                dry_multiplier=0.8, dry_base=2.0, dry_allowed_length=3, dry_penalty_last_n=-1,
                dry_sequence_breakers=["\n", "é:"], dynatemp_range=0.3, dynatemp_exponent=2.0, mirostat=2,
                mirostat_tau=4.0, mirostat_eta=0.2, adaptive_target=0.4, adaptive_decay=0.5, min_keep=3,
-               samplers=["dry", "Top-K", "typ", "nucleus", "temp", "adaptive_p"])  # fmt: skip
+               samplers=["dry", "Top-K", "typ", "nucleus", "temp", "adaptive_p", "infill"])  # fmt: skip
     s = GenOptions.decode(got).sampling
     assert (s.typical_p, s.top_n_sigma, s.xtc_probability, s.xtc_threshold) == (0.9, 1.5, 0.5, 0.2)
     assert (s.dry_multiplier, s.dry_base, s.dry_allowed_length, s.dry_penalty_last_n) == (0.8, 2.0, 3, -1)
     assert s.dry_sequence_breakers == ("\n", "é:") and " " not in got["dry_sequence_breakers"]
     assert (s.dynatemp_range, s.dynatemp_exponent, s.mirostat, s.mirostat_tau, s.mirostat_eta) == (0.3, 2.0, 2, 4.0, 0.2)
-    assert (s.adaptive_target, s.adaptive_decay, s.min_keep, s.samplers) == (0.4, 0.5, 3, "dkypta")
+    assert (s.adaptive_target, s.adaptive_decay, s.min_keep, s.samplers) == (0.4, 0.5, 3, "dkyptai")
 
 
 def test_llama_server_fields_greedy_sends_only_dry_and_defaults_fill_in() -> None:
@@ -247,7 +247,7 @@ def test_llama_server_fields_greedy_sends_only_dry_and_defaults_fill_in() -> Non
 
 @pytest.mark.parametrize(("field", "value"), [
     ("dry_base", 0.9), ("typical_p", 1.1), ("mirostat", 3), ("adaptive_decay", 0.995), ("adaptive_target", 1.5),
-    ("xtc_threshold", -0.1), ("min_keep", -1), ("dry_penalty_last_n", -2), ("samplers", ["infill"]),
+    ("xtc_threshold", -0.1), ("min_keep", -1), ("dry_penalty_last_n", -2), ("samplers", ["beam"]),
     ("samplers", "kqt"), ("samplers", []), ("samplers", ""), ("dry_sequence_breakers", []), ("dry_sequence_breakers", [""]), ("dry_sequence_breakers", ["x"] * 65),
     ("top_n_sigma", math.inf), ("dynatemp_range", -1.0),
 ])  # fmt: skip

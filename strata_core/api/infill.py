@@ -30,6 +30,7 @@ from strata_core.client.reader import EngineUnavailable
 from strata_core.contract.events import Usage
 from strata_core.schema.errors import ApiError
 from strata_core.schema.requests import CompletionRequest, Strict, parse_request
+from strata_core.schema.sampling import FIELDS
 from strata_core.text.choice import Delta
 from strata_core.text.infill import (
     CHUNK_SEPARATOR,
@@ -55,7 +56,8 @@ class ExtraFile(Strict):
 
 #: the usual sampling fields by llama-server's names, checked as /v1/completions checks them
 SAMPLING = ("n_predict", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "repeat_penalty",
-            "repeat_last_n", "presence_penalty", "frequency_penalty", "ignore_eos", "n_cmpl", "logit_bias")  # fmt: skip
+            "repeat_last_n", "presence_penalty", "frequency_penalty", "ignore_eos", "n_cmpl", "logit_bias",
+            *FIELDS)  # fmt: skip
 #: those that /v1/completions spells otherwise
 OPENAI_NAMES = {"n_predict": "max_tokens", "repeat_penalty": "repetition_penalty", "repeat_last_n": "penalty_last_n",
                 "n_cmpl": "n"}  # fmt: skip
@@ -78,11 +80,12 @@ class InfillRequest(_Sampling):  # type: ignore[misc,valid-type]
     response_fields: list[str] | None = None
     return_tokens: bool | None = None
     id_slot: int | None = Field(default=None, ge=-1)
-    samplers: list[str] | str | None = None
 
     def completion(self, prompt: list[int]) -> CompletionRequest:
         """The request as a completion of ``prompt`` (a 400 names llama-server's field)."""
         body = {OPENAI_NAMES.get(k, k): v for k, v in self.model_dump(exclude_none=True).items() if k in (*SAMPLING, "stream")}
+        if body.get("samplers") in ([], ""):
+            del body["samplers"]  # llama.vim's [] asks for no order of its own
         if isinstance(body.get("max_tokens"), int) and body["max_tokens"] < 0:
             del body["max_tokens"]  # n_predict -1: until the model stops or the context ends
         if self.n_predict == 0 and not isinstance(self.n_predict, bool):
@@ -95,11 +98,7 @@ class InfillRequest(_Sampling):  # type: ignore[misc,valid-type]
             raise
 
     def check(self, slots: int) -> None:
-        """400s for what Strata does not do (a choice of samplers; a slot beyond the engine's)."""
-        if self.samplers:
-            raise ApiError(400, "samplers: choosing the sampler chain (and llama.cpp's infill sampler) is not "
-                           "supported on /infill; leave it out or send []", param="samplers",
-                           code="unsupported_value")  # fmt: skip
+        """400s for what Strata does not do (a slot beyond the engine's, several streamed)."""
         if self.id_slot is not None and self.id_slot >= slots:
             raise ApiError(400, f"invalid slot id {self.id_slot}: this model has slots 0..{slots - 1}",
                            param="id_slot", code="invalid_value")  # fmt: skip

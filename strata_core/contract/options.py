@@ -99,7 +99,7 @@ def _one_of(key: str, value: str, choices: tuple[str, ...]) -> None:
 #: llama.cpp's sampler letters (common/sampling.cpp) and names (llama-server's ``samplers``).
 STAGES: Mapping[str, str] = {
     "e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
-    "m": "min_p", "x": "xtc", "t": "temperature", "a": "adaptive_p",
+    "m": "min_p", "x": "xtc", "t": "temperature", "a": "adaptive_p", "i": "infill",
 }  # fmt: skip
 #: The chain's order when a request gives none: llama.cpp's, but min_p before top_p (Strata's
 #: order since its first sampler; seeded replies of the same request stay the same).
@@ -202,6 +202,11 @@ class SamplingParams:
         """DRY is on (it adjusts the row, as the penalties do, greedy or not)."""
         on = self.dry_multiplier != 0.0 and self.dry_penalty_last_n != 0
         return on and (self.samplers is None or "d" in self.samplers)
+
+    @property
+    def infill(self) -> bool:
+        """A sampled pick runs llama.cpp's infill stage (it reads the vocabulary)."""
+        return not self.greedy and self.samplers is not None and "i" in self.samplers
 
     @property
     def extended(self) -> bool:

@@ -20,7 +20,7 @@ from strata_core.engine.llama import Llama
 from strata_core.engine.loop import Engine
 from strata_core.engine.request import Request
 from strata_core.engine.slots import slot_action
-from strata_core.engine.stages import SamplerState
+from strata_core.engine.stages import InfillVocab, SamplerState
 
 _BREAKER_SETS = 16  # DRY breaker sets kept matched to the vocabulary (0.2 s each on 49k tokens)
 
@@ -41,6 +41,7 @@ class Commands:
         self.adapters = Adapters(llama, engine)
         self._pieces: tuple[bytes, ...] | None = None  # the vocabulary's pieces, once DRY needs them
         self._breakers: dict[tuple[str, ...], dry.Breakers] = {}  # by breaker texts
+        self._infill: InfillVocab | None = None  # the infill stage's, once a request's order has it
 
     def handle(self, cmd: Any) -> bool:
         """Apply one command; False once QUIT was seen."""
@@ -122,7 +123,8 @@ class Commands:
         # other adapter scales than the defaults in force: decoded apart, no shared cache
         lora = self.adapters.own_scales(dict(opts.lora or {}))
         s = opts.sampling
-        state = SamplerState(breakers=self.breakers(s.dry_sequence_breakers) if s.dry else {})
+        state = SamplerState(breakers=self.breakers(s.dry_sequence_breakers) if s.dry else {},
+                             infill=self.infill_vocab() if s.infill else None)  # fmt: skip
         budget = None
         if opts.think_budget is not None:  # forced tokens: no speculative windows for it
             budget = ThinkBudget(opts.think_budget, opts.think_close, llama.piece, opts.think_open)
@@ -144,6 +146,15 @@ class Commands:
                 del self._breakers[next(iter(self._breakers))]
             self._breakers[texts] = dry.breakers(texts, self._pieces, lambda b: llama.tokenize(b, False, False))
         return self._breakers[texts]
+
+    def infill_vocab(self) -> InfillVocab:
+        """The vocabulary as the infill stage reads it (built once, on first use)."""
+        if self._infill is None:
+            llama, facts = self.llama, self.llama.facts()
+            end = facts["eot"] if facts["eot"] is not None else facts["eos"]
+            pieces = tuple(llama.piece(t, special=False) for t in range(llama.n_vocab))
+            self._infill = InfillVocab(pieces, self.eog, -1 if end is None else end)
+        return self._infill
 
     def embed(self, cmd: proto.Embed) -> None:
         """One input's embedding, between two steps (on the main thread, the only one that

@@ -227,19 +227,24 @@ def pick(
     state = state if state is not None else SamplerState()
     if params.mirostat:
         return _mirostat(x, params, u, state)
-    c, t = chain(x, params, u_xtc, head)
+    c, t = chain(x, params, u_xtc, head, state.infill)
     if params.adaptive_target >= 0.0 and "a" in params.order:
         return _adaptive(c, t, params, u, state)
     return draw(c, t, u)
 
 
 def chain(
-    x: np.ndarray, p: SamplingParams, u_xtc: float | None, head: Candidates | None = None
+    x: np.ndarray,
+    p: SamplingParams,
+    u_xtc: float | None,
+    head: Candidates | None = None,
+    vocab: stages.InfillVocab | None = None,
 ) -> tuple[Candidates, float]:
     """The candidates an extended pick draws from and the temperature it draws at: the cut
     stages in the request's order (penalties and DRY ran on the row already); XTC
     applies when its draw ``u_xtc`` falls at or under its probability (None: never);
-    ``head``: the top_k cut found already, so the stages after it run on it."""
+    ``head``: the top_k cut found already, so the stages after it run on it; the infill
+    stage reads ``vocab``."""
     c, t, order = candidates(x, 0), 1.0, p.order
     if head is not None:
         c, order = head, order.partition("k")[2]
@@ -261,7 +266,21 @@ def chain(
             c = Candidates(c.ids[drop:], c.logits[drop:], True)
         elif stage == "t":
             c, t = _temperature(c, t, p)
+        elif stage == "i":
+            c = _infill(c, t, vocab)
     return c, t
+
+
+def _infill(c: Candidates, t: float, vocab: stages.InfillVocab | None) -> Candidates:
+    """The infill stage's survivors, with their logits (the draw weighs them afresh, as
+    llama.cpp's does); the end token alone when no text token is likely."""
+    if vocab is None:
+        raise ValueError("the infill sampler needs the vocabulary (SamplerState.infill)")
+    c = _head(c, c.ids.size)
+    kept = stages.infill(c.ids, c.logits, t, vocab)
+    if kept is None:
+        return Candidates(np.array([vocab.end], np.intp), np.ones(1, F32), True)
+    return Candidates(c.ids[kept[0]], c.logits[kept[0]], True)
 
 
 def _xtc_fires(p: SamplingParams, u: float) -> bool:
@@ -303,14 +322,16 @@ def _adaptive(c: Candidates, t: float, p: SamplingParams, u: float, state: Sampl
     return int(c.ids[i])
 
 
-def survivors(x: np.ndarray, params: SamplingParams) -> tuple[Candidates, float]:
+def survivors(
+    x: np.ndarray, params: SamplingParams, state: SamplerState | None = None
+) -> tuple[Candidates, float]:
     """The candidates a sampled pick draws from and its temperature, as far as they follow
     from the row alone (XTC's draw, Mirostat's and adaptive-p's state left out)."""
     if not params.extended:
         return truncate(x, params), params.temperature
     if params.mirostat:
         return candidates(x, 0), params.temperature
-    return chain(x, params, None)
+    return chain(x, params, None, vocab=state.infill if state is not None else None)
 
 
 def adjust(
@@ -361,7 +382,7 @@ def probabilities(
     if params.greedy:
         p[int(np.argmax(x))] = 1.0
         return p
-    c, t = survivors(x, params)
+    c, t = survivors(x, params, state)
     w = _weights(c, t)
     p[c.ids] = w / _mass(c, w)
     return p
@@ -396,7 +417,7 @@ def processed_logprobs(
     x = permitted(logits, params, history, mask, state)
     if params.greedy:
         return _log_softmax_top(x, k)
-    c, t = survivors(x, params)
+    c, t = survivors(x, params, state)
     # over the survivors only: a row that is mostly -inf is slow to partition
     z = (c.logits.astype(np.float64) - float(c.logits.max())) / t
     lz = (z - math.log(np.exp(z).sum())).astype(F32)

@@ -9,7 +9,9 @@ adaptive-p pick the token themselves and keep state per request (``SamplerState`
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,6 +24,16 @@ F64 = npt.NDArray[np.float64]
 MIROSTAT_M = 100  # Mirostat v1 estimates the Zipf exponent from this many head tokens
 # adaptive-p's transform (llama.cpp's constants): a peak at the target, linear tails
 _WIDTH, _PEAK, _SHARPNESS = 0.3, 5.0, 10.0
+INFILL_KEEP = 0.2  # the infill stage keeps text tokens of at least this probability (llama.cpp's)
+
+
+@dataclass(frozen=True)
+class InfillVocab:
+    """What the infill stage reads of the vocabulary."""
+
+    pieces: Sequence[bytes]  # by token id, special tokens' as empty (llama.cpp's special=false)
+    eog: frozenset[int]
+    end: int  # the token it falls back on when no text token is likely: EOT, else EOS
 
 
 @dataclass
@@ -32,6 +44,7 @@ class SamplerState:
     mu: float | None = None  # Mirostat's running surprise bound (None: 2 * tau)
     ema_sum: float | None = None  # adaptive-p: sum of picked tokens' probabilities * decay^age
     ema_weight: float | None = None  # and sum of decay^age
+    infill: InfillVocab | None = None  # the infill stage's, when the request's order has it
 
 
 def softmax(logits: np.ndarray, t: float) -> F64:
@@ -127,3 +140,46 @@ def _ema(state: SamplerState, p: SamplingParams) -> tuple[float, float, float]:
 def adaptive_update(state: SamplerState, p: SamplingParams, q_picked: float) -> None:
     decay, summed, total = _ema(state, p)
     state.ema_sum, state.ema_weight = q_picked + decay * summed, 1.0 + decay * total
+
+
+def infill(ids: np.ndarray, logits: np.ndarray, t: float, vocab: InfillVocab) -> tuple[npt.NDArray[np.intp], F64] | None:
+    """Positions the infill stage keeps of candidates in candidate order, and the
+    probabilities it gives them; None: only ``vocab.end`` is left.
+
+    End-of-generation tokens alone when they are likely enough against the text; else
+    each token whose piece starts another's takes the less likely one's probability (in
+    candidate order, as llama.cpp walks them), then the text tokens under ``INFILL_KEEP``
+    are dropped."""
+    q = softmax(logits, t)
+    is_eog = np.fromiter((int(i) in vocab.eog for i in ids), bool, ids.size)
+    if 3.0 * float(q[is_eog].sum()) * ids.size > float(q[~is_eog].sum()):
+        keep = np.flatnonzero(is_eog)
+        return keep, q[keep] / q[keep].sum()
+    q, dead = q.copy(), np.zeros(ids.size, bool)
+    for i0, longer in enumerate(_extensions([vocab.pieces[int(i)] for i in ids])):
+        for i1 in longer:
+            if dead[i0]:
+                break
+            if not dead[i1]:
+                dst, src = (i1, i0) if q[i1] > q[i0] else (i0, i1)
+                q[dst], q[src], dead[src] = q[dst] + q[src], 0.0, True
+    keep = np.flatnonzero(~dead & ((q >= INFILL_KEEP) | is_eog))
+    if not (~is_eog[keep]).any():
+        return None
+    return keep, q[keep] / q[keep].sum()
+
+
+def _extensions(pieces: Sequence[bytes]) -> list[list[int]]:
+    """For each piece, the positions of the others it is a non-empty prefix of, ascending."""
+    by_text = sorted(range(len(pieces)), key=pieces.__getitem__)
+    texts = [pieces[i] for i in by_text]
+    out: list[list[int]] = []
+    for i, piece in enumerate(pieces):
+        longer: list[int] = []
+        if piece:
+            j = bisect.bisect_left(texts, piece)
+            while j < len(texts) and texts[j].startswith(piece):
+                longer.append(by_text[j])
+                j += 1
+        out.append(sorted(k for k in longer if k != i))
+    return out
