@@ -88,5 +88,5 @@ class Adapters:
         for slot in sched.slots:
             if slot.req is None:
                 self.llama.seq_trim(slot.seq, 0)
-                slot.cached, slot.first, slot.reused = [], {}, False
+                slot.forget()
         sched.saved.clear()

@@ -39,7 +39,7 @@ class Commands:
         self.grammars = Grammars(lambda: llama.grammar_tokenizer(sorted(self.eog)), llama.n_vocab)
         self.warned: set[str] = set()
         self.adapters = Adapters(llama, engine)
-        self._pieces: tuple[bytes, ...] | None = None  # the vocabulary's pieces, once DRY needs them
+        self._pieces: tuple[bytes, ...] | None = None  # the vocabulary's pieces, once VOCAB or DRY needs them
         self._breakers: dict[tuple[str, ...], dry.Breakers] = {}  # by breaker texts
         self._infill: InfillVocab | None = None  # the infill stage's, once a request's order has it
 
@@ -56,8 +56,7 @@ class Commands:
         elif isinstance(cmd, proto.LoraLoad | proto.LoraUnload | proto.LoraScales):
             self.emit(self.adapters.handle(cmd))
         elif isinstance(cmd, proto.VocabRequest):
-            pieces = tuple(self.llama.piece(t) for t in range(self.llama.n_vocab))
-            self.emit(proto.Vocab(cmd.rid, pieces))
+            self.emit(proto.Vocab(cmd.rid, self.pieces()))
         elif isinstance(cmd, proto.SlotCommand):
             self.emit(slot_action(cmd, self.engine.slots, self.llama, self.spec_k > 0))
         elif isinstance(cmd, proto.Quit):
@@ -136,15 +135,18 @@ class Commands:
                     budget=budget, lora=lora, media=media, sampling=state)
         )  # fmt: skip
 
+    def pieces(self) -> tuple[bytes, ...]:
+        """Every token's piece, specials written out (built once, on first use)."""
+        if self._pieces is None:
+            self._pieces = tuple(self.llama.piece(t) for t in range(self.llama.n_vocab))
+        return self._pieces
+
     def breakers(self, texts: tuple[str, ...]) -> dry.Breakers:
         """DRY's breaker sequences for ``texts`` on this vocabulary (computed once a set)."""
         if texts not in self._breakers:
-            llama = self.llama
-            if self._pieces is None:
-                self._pieces = tuple(llama.piece(t) for t in range(llama.n_vocab))
             if len(self._breakers) >= _BREAKER_SETS:  # clients' own sets: keep the latest few
                 del self._breakers[next(iter(self._breakers))]
-            self._breakers[texts] = dry.breakers(texts, self._pieces, lambda b: llama.tokenize(b, False, False))
+            self._breakers[texts] = dry.breakers(texts, self.pieces(), lambda b: self.llama.tokenize(b, False, False))
         return self._breakers[texts]
 
     def infill_vocab(self) -> InfillVocab:

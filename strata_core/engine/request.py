@@ -124,6 +124,10 @@ class Slot:
         tokens = self.cached + ahead if ahead else self.cached
         return tokens if n < 0 else tokens[-n:]
 
+    def forget(self) -> None:
+        """Its cache is gone (the caller emptied the sequence): nothing of it is reused."""
+        self.cached, self.first, self.reused = [], {}, False
+
     def clear(self) -> None:
         """The request leaves the slot (its cache stays)."""
         self.req, self.pending, self.last = None, [], None

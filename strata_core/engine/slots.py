@@ -55,7 +55,7 @@ def _restore(cmd: proto.SlotCommand, slot: Slot, llama: Llama, t0: float) -> pro
 
 def _forget(slot: Slot, llama: Llama) -> None:
     llama.seq_trim(slot.seq, 0)
-    slot.cached, slot.first, slot.reused = [], {}, False
+    slot.forget()
 
 
 def _ms(t0: float) -> float:
