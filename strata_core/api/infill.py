@@ -6,7 +6,6 @@ with a 400 naming the field that asked for it."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import Field, create_model
 
 from strata_core.api import openapi
+from strata_core.api.bodies import sse
 from strata_core.api.service import (
     Names,
     Service,
@@ -163,7 +163,7 @@ def _keep(made: list[EditorLimits], limits: EditorLimits) -> EditorLimits:
     return limits
 
 
-async def _events(reply: Reply, pieces: AsyncIterator[Delta], limits: EditorLimits) -> AsyncIterator[str]:
+async def _events(reply: Reply, pieces: AsyncIterator[Delta], limits: EditorLimits) -> AsyncIterator[bytes]:
     """llama-server's stream: one ``data:`` object a piece, the last one with ``stop`` true
     (or an ``error`` object, when the engine fails it)."""
     text, n, sent_ids = "", 0, 0
@@ -181,10 +181,6 @@ async def _events(reply: Reply, pieces: AsyncIterator[Delta], limits: EditorLimi
     except (EngineUnavailable, ApiError) as exc:
         err = exc if isinstance(exc, ApiError) else engine_unavailable(exc)
         yield sse(err.body())
-
-
-def sse(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
 @dataclass

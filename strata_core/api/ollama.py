@@ -48,6 +48,7 @@ from strata_core.api.service import (
     json_body,
     until_done,
 )
+from strata_core.api.status import pool_of
 from strata_core.api.stream import collect, reconciled
 from strata_core.client.reader import EngineUnavailable
 from strata_core.contract.events import Usage
@@ -104,10 +105,6 @@ def check_managed(request: Request, what: str) -> None:
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-def pool_of(request: Request) -> ModelPool:
-    return request.app.state.pool  # type: ignore[no-any-return]
 
 
 def entry_for(request: Request, name: str) -> Loaded:

@@ -18,7 +18,7 @@ from strata_core.api import downloads, openapi
 from strata_core.api.bodies import sse
 from strata_core.api.pool import Loaded, ModelPool, status_data
 from strata_core.api.service import json_body
-from strata_core.api.status import model_card
+from strata_core.api.status import model_card, pool_of
 from strata_core.ops import catalog
 from strata_core.schema.errors import ApiError
 from strata_core.schema.requests import Strict, parse_request
@@ -46,10 +46,6 @@ def documented(what: str, managing: bool = False) -> dict[str, Any]:
     if managing:
         details["responses"].update(_MANAGING)
     return details
-
-
-def pool_of(request: Request) -> ModelPool:
-    return request.app.state.pool  # type: ignore[no-any-return]
 
 
 def downloads_of(request: Request) -> downloads.Downloads:
